@@ -1,0 +1,1 @@
+"""Load tests, the mock upstream server and the side-by-side benchmark."""

@@ -1,0 +1,1 @@
+"""Policies applied to every request: admission, routing, retries, breakers and accounting."""

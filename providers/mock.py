@@ -1,0 +1,128 @@
+"""The built-in mock provider: deterministic replies with exact usage, no network.
+
+It serves model ``mock`` in dev mode and in tests. The same reply and chunk builders are used by
+``modelgate mock-upstream``, so the in-process mock and the mock server answer alike: a reply of
+``n`` words is ``n`` completion tokens, and prompt tokens are the gateway's own estimate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from gateway.config import ProviderConfig
+from policies.tokens import estimate_prompt_tokens
+from providers.base import ChatCall, ChatHead, Completion, Usage
+
+DEFAULT_REPLY_WORDS = 12
+_WORDS = ("this", "is", "a", "mock", "reply", "from", "modelgate", "that")
+_encode = msgspec.json.encode
+
+
+def reply_words(head: ChatHead, default: int = DEFAULT_REPLY_WORDS) -> list[str]:
+    """The words of the reply: ``default`` of them, fewer when the request limits output."""
+    limit = head.output_limit
+    count = max(1, min(default, limit)) if limit is not None else default
+    return [w + " " for w in itertools.islice(itertools.cycle(_WORDS), count)]
+
+
+def usage_for(head: ChatHead, words: list[str]) -> Usage:
+    return Usage(prompt_tokens=estimate_prompt_tokens(head.messages), completion_tokens=len(words))
+
+
+def _usage_dict(usage: Usage) -> dict[str, int]:
+    total = usage.prompt_tokens + usage.completion_tokens
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": total,
+    }
+
+
+def completion_body(model: str, words: list[str], usage: Usage) -> bytes:
+    """A ``chat.completion`` body."""
+    return _encode(
+        {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(words)},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": _usage_dict(usage),
+        }
+    )
+
+
+class ChunkBuilder:
+    """Builds the ``chat.completion.chunk`` payloads of one streamed reply."""
+
+    def __init__(self, model: str) -> None:
+        self._base: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+
+    def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        return _encode({**self._base, "choices": [choice]})
+
+    def usage(self, usage: Usage) -> bytes:
+        return _encode({**self._base, "choices": [], "usage": _usage_dict(usage)})
+
+    def all(self, words: list[str], usage: Usage, include_usage: bool) -> list[bytes]:
+        """Every payload of a reply: role, one chunk per word, the finish, then usage if asked."""
+        chunks = [self.delta({"role": "assistant", "content": ""})]
+        chunks.extend(self.delta({"content": w}) for w in words)
+        chunks.append(self.delta({}, "stop"))
+        if include_usage:
+            chunks.append(self.usage(usage))
+        return chunks
+
+
+class MockChunkStream:
+    """A reply streamed from memory."""
+
+    def __init__(self, chunks: list[bytes], usage: Usage) -> None:
+        self._chunks = chunks
+        self.usage: Usage | None = usage
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+
+    async def aclose(self) -> None:
+        return None
+
+
+class MockProvider:
+    """Answers every call itself, instantly."""
+
+    def __init__(self, config: ProviderConfig) -> None:
+        self._name = config.name
+
+    async def complete(self, call: ChatCall) -> Completion:
+        words = reply_words(call.head)
+        usage = usage_for(call.head, words)
+        return Completion(body=completion_body(call.upstream_model, words, usage), usage=usage)
+
+    async def stream(self, call: ChatCall) -> MockChunkStream:
+        words = reply_words(call.head)
+        usage = usage_for(call.head, words)
+        chunks = ChunkBuilder(call.upstream_model).all(words, usage, call.head.include_usage)
+        return MockChunkStream(chunks, usage)
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,137 @@
+"""Adapter for any OpenAI-compatible Chat Completions server.
+
+The client's body goes upstream byte for byte whenever possible, so fields the gateway does not
+know pass through untouched. It is rewritten only to name the target's upstream model or to ask
+for stream usage; asking for usage on a body without ``stream_options`` is a splice, not a re-encode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+
+from gateway.config import ProviderConfig
+from gateway.errors import UpstreamError
+from providers.base import ChatCall, Completion, Usage
+from providers.http import (
+    MAX_ERROR_BYTES,
+    MAX_RESPONSE_BYTES,
+    failure_for_status,
+    make_client,
+    read_bounded,
+    sse_data,
+    transport_errors,
+)
+
+
+class _CompletionHead(msgspec.Struct):
+    choices: list[msgspec.Raw]
+    usage: Usage | None = None
+
+
+class _ChunkHead(msgspec.Struct):
+    choices: list[msgspec.Raw] = msgspec.field(default_factory=list)
+    usage: Usage | None = None
+    error: msgspec.Raw | None = None
+
+
+_decode_completion = msgspec.json.Decoder(_CompletionHead).decode
+_decode_chunk = msgspec.json.Decoder(_ChunkHead).decode
+_USAGE_OPTION = b',"stream_options":{"include_usage":true}}'
+
+
+def upstream_body(call: ChatCall) -> bytes:
+    """The body to send: the client's, with the upstream model and stream usage where needed."""
+    head = call.head
+    wants_usage_option = bool(head.stream) and not head.include_usage
+    if not call.renames_model and not wants_usage_option:
+        return call.body
+    if not call.renames_model and head.stream_options is None:
+        return call.body.rstrip()[:-1] + _USAGE_OPTION
+    body: dict[str, Any] = msgspec.json.decode(call.body)
+    body["model"] = call.upstream_model
+    if wants_usage_option:
+        options = body.get("stream_options")
+        body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return msgspec.json.encode(body)
+
+
+class OpenAIProvider:
+    """Calls ``{base_url}/chat/completions`` on an OpenAI-compatible server."""
+
+    def __init__(self, config: ProviderConfig) -> None:
+        headers = {"content-type": "application/json"}
+        if config.api_key is not None:
+            headers["authorization"] = f"Bearer {config.api_key.reveal()}"
+        self._client = make_client(config, headers)
+
+    async def complete(self, call: ChatCall) -> Completion:
+        request = self._client.build_request(
+            "POST", "/chat/completions", content=upstream_body(call), headers=call.headers
+        )
+        response = await self._send(request)
+        try:
+            body = await read_bounded(response, MAX_RESPONSE_BYTES)
+        finally:
+            await response.aclose()
+        try:
+            head = _decode_completion(body)
+        except msgspec.DecodeError as exc:
+            raise UpstreamError("the upstream answered with an unusable completion") from exc
+        return Completion(body=body, usage=head.usage)
+
+    async def stream(self, call: ChatCall) -> OpenAIChunkStream:
+        headers = {**call.headers, "accept": "text/event-stream", "accept-encoding": "identity"}
+        request = self._client.build_request(
+            "POST", "/chat/completions", content=upstream_body(call), headers=headers
+        )
+        response = await self._send(request)
+        return OpenAIChunkStream(response, call.head.include_usage)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        with transport_errors():
+            response = await self._client.send(request, stream=True)
+        if response.status_code != 200:
+            try:
+                body = await read_bounded(response, MAX_ERROR_BYTES)
+            except UpstreamError:
+                body = b""
+            finally:
+                await response.aclose()
+            raise failure_for_status(response.status_code, response.headers, body)
+        return response
+
+
+class OpenAIChunkStream:
+    """Relays an upstream SSE stream chunk by chunk, noting usage and dropping the usage chunk if unasked."""
+
+    def __init__(self, response: httpx.Response, include_usage: bool) -> None:
+        self._response = response
+        self._include_usage = include_usage
+        self.usage: Usage | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for data in sse_data(self._response):
+            if data == b"[DONE]":
+                return
+            try:
+                head = _decode_chunk(data)
+            except msgspec.DecodeError as exc:
+                raise UpstreamError("the upstream sent an unusable stream chunk") from exc
+            if head.error is not None:
+                raise UpstreamError("the upstream reported an error mid-stream")
+            if head.usage is not None:
+                self.usage = head.usage
+                if not head.choices and not self._include_usage:
+                    continue
+            yield data
+        raise UpstreamError("the upstream stream ended without [DONE]", retryable=True, breaker_failure=True)
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
