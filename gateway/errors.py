@@ -14,6 +14,8 @@ gateway owns retries and SDKs must not add a second layer.
     ├── RateLimited             429 rate_limit_exceeded   (retry-after from the bucket)
     ├── QuotaExceeded           429 insufficient_quota
     ├── StateUnavailable        503 state_unavailable
+    ├── NotFound                404 not_found             (no such route)
+    ├── MethodNotAllowed        405 method_not_allowed
     └── UpstreamFailure         one failed upstream attempt, translated at the adapter edge
         ├── UpstreamError       502 upstream_error        (unusable answer, non-retryable error)
         ├── UpstreamUnavailable 503 upstream_unavailable  (connect errors, 5xx, 429, open breakers)
@@ -110,6 +112,18 @@ class StateUnavailable(GatewayError):
     status = 503
     error_type = "server_error"
     code = "state_unavailable"
+
+
+class NotFound(GatewayError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
 
 
 class UpstreamFailure(GatewayError):

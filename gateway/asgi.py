@@ -1,0 +1,21 @@
+"""Entry point for server worker processes: builds the app from ``MODELGATE_CONFIG``.
+
+With ``--workers N`` the server imports this factory in each worker process, so every worker
+reads the same validated config file itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+from litestar import Litestar
+
+from gateway.app import create_app
+from gateway.config import load_config
+from gateway.logs import configure_logging
+
+
+def app_from_env() -> Litestar:
+    config = load_config(os.environ["MODELGATE_CONFIG"])
+    configure_logging(config.server.log_level)
+    return create_app(config)

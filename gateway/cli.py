@@ -1,0 +1,139 @@
+"""The ``modelgate`` command: serve the gateway, check a config, run the mock upstream."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.config import Config, ConfigError, load_config
+
+EXIT_CONFIG = 1
+EXIT_USAGE = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    result: int = args.run(args)
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="modelgate", description="OpenAI-compatible model gateway")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway (dev mode without a config)")
+    serve.add_argument("--config", default=os.environ.get("MODELGATE_CONFIG"), help="config file (TOML)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--workers", type=int, default=1)
+    serve.set_defaults(run=_serve)
+
+    check = commands.add_parser("check-config", help="validate a config file")
+    check.add_argument("file")
+    check.set_defaults(run=_check_config)
+
+    mock = commands.add_parser("mock-upstream", help="a fast fake OpenAI-compatible provider")
+    mock.add_argument("--host", default="127.0.0.1")
+    mock.add_argument("--port", type=int, default=9000)
+    mock.add_argument("--latency-ms", type=float, default=0.0)
+    mock.add_argument("--error-rate", type=float, default=0.0)
+    mock.add_argument("--rate-429", type=float, default=0.0)
+    mock.add_argument("--chunks", type=int, default=12)
+    mock.set_defaults(run=_mock_upstream)
+    return parser
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_CONFIG
+    print(
+        f"{args.file}: ok ({len(config.providers)} providers, {len(config.models)} models, "
+        f"{len(config.tenants)} tenants)"
+    )
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.devmode import dev_config
+    from gateway.logs import configure_logging
+
+    if args.workers < 1:
+        print("modelgate serve: --workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.config is None:
+        if args.workers > 1:
+            print(
+                "modelgate serve: --workers > 1 needs a config with [redis]; dev mode is one process",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        config, lines = dev_config(os.environ)
+        for line in lines:
+            print(line, flush=True)
+    else:
+        config_or_code = _load_for_serve(args.config)
+        if isinstance(config_or_code, int):
+            return config_or_code
+        config = config_or_code
+        if args.workers > 1 and config.redis is None:
+            print(
+                "modelgate serve: --workers > 1 needs [redis] in the config to share state", file=sys.stderr
+            )
+            return EXIT_USAGE
+    configure_logging(config.server.log_level)
+    options = _server_options(args)
+    if args.workers > 1:
+        os.environ["MODELGATE_CONFIG"] = str(Path(args.config).resolve())
+        uvicorn.run("gateway.asgi:app_from_env", factory=True, workers=args.workers, **options)
+    else:
+        uvicorn.run(create_app(config), **options)
+    return 0
+
+
+def _load_for_serve(path: str) -> Config | int:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"modelgate serve: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def _server_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "host": args.host,
+        "port": args.port,
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "log_config": None,
+        "access_log": False,
+        "server_header": False,
+        "timeout_graceful_shutdown": 30,
+    }
+
+
+def _mock_upstream(args: argparse.Namespace) -> int:
+    from loadtest.mock_upstream import MockSettings, serve
+
+    settings = MockSettings(
+        latency_ms=args.latency_ms, error_rate=args.error_rate, rate_429=args.rate_429, chunks=args.chunks
+    )
+    serve(args.host, args.port, settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
