@@ -1,0 +1,109 @@
+"""Session-wide real processes: the mock upstream, a gateway in front of it, a private Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Gateway, MockUpstream, RedisServer
+
+TENANT_KEY = "tenant-key-acme-0123456789"
+LIMITED_KEY = "tenant-key-limited-0123456789"
+ADMIN_KEY = "admin-key-e2e-0123456789abcdef"
+UPSTREAM_KEY = "sk-upstream-secret-e2e-4242424242"
+ANTHROPIC_KEY = "sk-ant-secret-e2e-4343434343"
+
+
+def gateway_config(upstream_url: str, **server: object) -> str:
+    """The end-to-end config: an OpenAI-type and an Anthropic-type target on the mock upstream."""
+    settings = {"admin_key": ADMIN_KEY, "request_timeout_s": 5, **server}
+    server_lines = "\n".join(
+        f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in settings.items()
+    )
+    server_lines = server_lines.replace("'", '"')
+    return f"""
+[server]
+{server_lines}
+
+[[providers]]
+name = "up"
+type = "openai"
+base_url = "{upstream_url}/v1"
+api_key = "{UPSTREAM_KEY}"
+read_timeout_s = 1.5
+
+[[providers]]
+name = "claude"
+type = "anthropic"
+base_url = "{upstream_url}/v1"
+api_key = "{ANTHROPIC_KEY}"
+read_timeout_s = 1.5
+
+[[providers]]
+name = "local"
+type = "mock"
+
+[[models]]
+name = "gpt-4o-mini"
+targets = [{{ provider = "up", model = "gpt-4o-mini" }}]
+
+[[models]]
+name = "renamed"
+targets = [{{ provider = "up", model = "upstream-name" }}]
+
+[[models]]
+name = "claude-sonnet"
+targets = [{{ provider = "claude", model = "claude-sonnet-4-5" }}]
+
+[[models]]
+name = "mock"
+targets = [{{ provider = "local", model = "mock" }}]
+
+[[tenants]]
+name = "acme"
+keys = ["{TENANT_KEY}"]
+
+[[tenants]]
+name = "limited"
+keys = ["{LIMITED_KEY}"]
+models = ["mock"]
+"""
+
+
+@pytest.fixture(scope="session")
+def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("modelgate")
+
+
+@pytest.fixture(scope="session")
+def mock_upstream_process(session_tmp: Path) -> Iterator[MockUpstream]:
+    upstream = MockUpstream(session_tmp).start()
+    yield upstream
+    upstream.process.stop()
+
+
+@pytest.fixture
+def upstream(mock_upstream_process: MockUpstream) -> Iterator[MockUpstream]:
+    """The shared mock upstream, reset to its defaults before and after the test."""
+    mock_upstream_process.reset()
+    yield mock_upstream_process
+    mock_upstream_process.reset()
+
+
+@pytest.fixture(scope="session")
+def gateway(session_tmp: Path, mock_upstream_process: MockUpstream) -> Iterator[Gateway]:
+    """One gateway process in front of the mock upstream, for tests that do not change its config."""
+    process = Gateway(session_tmp, gateway_config(mock_upstream_process.url)).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(session_tmp: Path) -> Iterator[RedisServer]:
+    directory = session_tmp / "redis"
+    directory.mkdir()
+    server = RedisServer(directory).start()
+    yield server
+    server.stop()

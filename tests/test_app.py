@@ -1,0 +1,122 @@
+"""Unit tests of the app in process (Litestar's test client), the error table and the public surface."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from litestar.testing import AsyncTestClient
+
+import gateway
+import providers
+from gateway import errors
+from gateway.app import create_app
+from gateway.chat import parse_head
+from gateway.config import Config, ModelConfig, ProviderConfig, ServerConfig, TargetConfig, TenantConfig
+from gateway.devmode import dev_config
+from gateway.secret import Secret, key_hash
+
+KEY = "unit-test-key-0123456789"
+
+
+def config(**server: object) -> Config:
+    return Config(
+        server=ServerConfig(**server),  # type: ignore[arg-type]
+        providers=[ProviderConfig(name="local", type="mock")],
+        models=[ModelConfig(name="mock", targets=[TargetConfig(provider="local", model="mock")])],
+        tenants=[TenantConfig(name="t", keys=[Secret(f"sha256:{key_hash(KEY)}")])],
+    )
+
+
+def test_public_surface_is_pinned() -> None:
+    assert gateway.__all__ == ["create_app"]
+    assert gateway.create_app is create_app
+    assert set(providers.PROVIDERS) == {"openai", "anthropic", "mock"}
+
+
+@pytest.mark.parametrize(
+    ("cls", "status", "code"),
+    [
+        (errors.InvalidRequest, 400, "invalid_request"),
+        (errors.InvalidApiKey, 401, "invalid_api_key"),
+        (errors.ModelNotAllowed, 403, "model_not_allowed"),
+        (errors.ModelNotFound, 404, "model_not_found"),
+        (errors.RequestTooLarge, 413, "request_too_large"),
+        (errors.RateLimited, 429, "rate_limit_exceeded"),
+        (errors.QuotaExceeded, 429, "insufficient_quota"),
+        (errors.UpstreamError, 502, "upstream_error"),
+        (errors.UpstreamUnavailable, 503, "upstream_unavailable"),
+        (errors.StateUnavailable, 503, "state_unavailable"),
+        (errors.UpstreamTimeout, 504, "upstream_timeout"),
+    ],
+)
+def test_error_table_matches_the_contract(cls: type[errors.GatewayError], status: int, code: str) -> None:
+    rendered_status, body, headers = errors.render(cls("something happened"))
+    assert rendered_status == status
+    assert json.loads(body) == {
+        "error": {"message": "something happened", "type": cls.error_type, "param": None, "code": code}
+    }
+    assert headers["x-should-retry"] == "false"
+
+
+def test_upstream_rejection_keeps_its_status_and_body() -> None:
+    status, body, headers = errors.render(errors.UpstreamRejected(422, b'{"error":{"message":"no"}}'))
+    assert (status, body, headers["x-should-retry"]) == (422, b'{"error":{"message":"no"}}', "false")
+
+
+def test_parse_head_reads_only_what_it_needs() -> None:
+    head = parse_head(
+        b'{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}],"unknown":{"x":1}}'
+    )
+    assert head.model == "m"
+    assert not head.stream
+    with pytest.raises(errors.InvalidRequest) as caught:
+        parse_head(b'{"model":"m","messages":[{"role":1}]}')
+    assert caught.value.param == "messages[0].role"
+
+
+async def test_body_over_the_limit_is_413_in_process() -> None:
+    app = create_app(config(max_body_bytes=1000))
+    async with AsyncTestClient(app) as client:
+        small = await client.post(
+            "/v1/chat/completions",
+            json={"model": "mock", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": f"Bearer {KEY}"},
+        )
+        assert small.status_code == 200
+        big = await client.post(
+            "/v1/chat/completions",
+            content=b'{"model":"mock","messages":[{"role":"user","content":"' + b"x" * 2000 + b'"}]}',
+            headers={"authorization": f"Bearer {KEY}"},
+        )
+        assert big.status_code == 413
+        assert big.json()["error"]["code"] == "request_too_large"
+
+
+async def test_sha256_configured_key_authenticates() -> None:
+    async with AsyncTestClient(create_app(config())) as client:
+        ok = await client.get("/v1/models", headers={"authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200
+        bad = await client.get("/v1/models", headers={"authorization": f"Bearer sha256:{key_hash(KEY)}"})
+        assert bad.status_code == 401
+
+
+async def test_openapi_document_is_served() -> None:
+    async with AsyncTestClient(create_app(config())) as client:
+        schema = (await client.get("/schema/openapi.json")).json()
+    assert "/v1/chat/completions" in schema["paths"]
+
+
+def test_dev_config_uses_given_keys_and_prints_only_generated_ones() -> None:
+    cfg, lines = dev_config({"MODELGATE_DEV_KEY": "dev-key-from-env-000000"})
+    assert [t.name for t in cfg.tenants] == ["dev"]
+    assert cfg.tenants[0].keys[0].reveal() == "dev-key-from-env-000000"
+    assert "warning" in lines[0]
+    assert len(lines) == 2 and lines[1].startswith("admin key: mg-")
+    assert "dev-key-from-env" not in "".join(lines)
+    assert [m.name for m in cfg.models] == ["mock"]
+
+
+def test_secret_repr_is_redacted() -> None:
+    secret = Secret("very-secret-value")
+    assert "very-secret" not in repr(secret) + str(secret) + repr(config())
