@@ -7,7 +7,7 @@ and whether the failure counts against the target's circuit breaker.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 
 import httpx
@@ -120,7 +120,7 @@ async def read_bounded(response: httpx.Response, limit: int) -> bytes:
     return b"".join(parts)
 
 
-async def sse_data(response: httpx.Response) -> AsyncIterator[bytes]:
+async def sse_data(response: httpx.Response) -> AsyncGenerator[bytes, None]:
     """The ``data`` payload of each server-sent event, as soon as its event is complete.
 
     Comments and other fields are skipped; multi-line data is joined with newlines. An event

@@ -35,7 +35,7 @@ class _CompletionHead(msgspec.Struct):
 class _ChunkHead(msgspec.Struct):
     choices: list[msgspec.Raw] = msgspec.field(default_factory=list)
     usage: Usage | None = None
-    error: msgspec.Raw | None = None
+    error: Any = None
 
 
 _decode_completion = msgspec.json.Decoder(_CompletionHead).decode
