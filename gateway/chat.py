@@ -36,6 +36,7 @@ log = logging.getLogger("modelgate.request")
 TASK_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 TRACE_HEADERS = ("traceparent", "tracestate")
 _decode_head = msgspec.json.Decoder(ChatHead).decode
+_MISSING_FIELD = re.compile(r"Object missing required field `([^`]+)`")
 
 
 @dataclass(slots=True)
@@ -97,6 +98,9 @@ def parse_head(body: bytes) -> ChatHead:
     except msgspec.ValidationError as exc:
         message, _, where = str(exc).partition(" - at `$")
         param = where.rstrip("`").lstrip(".") or None
+        missing = _MISSING_FIELD.match(message)
+        if missing:
+            param = f"{param}.{missing.group(1)}" if param else missing.group(1)
         detail = message[:1].lower() + message[1:]
         raise InvalidRequest(f"invalid request body: {detail}", param=param) from None
     except msgspec.DecodeError:

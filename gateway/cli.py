@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from gateway.config import Config, ConfigError, load_config
 
@@ -64,8 +62,7 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from gateway import server
     from gateway.app import create_app
     from gateway.devmode import dev_config
     from gateway.logs import configure_logging
@@ -94,12 +91,12 @@ def _serve(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
     configure_logging(config.server.log_level)
-    options = _server_options(args)
+    options = server.server_options(args.host, args.port)
     if args.workers > 1:
         os.environ["MODELGATE_CONFIG"] = str(Path(args.config).resolve())
-        uvicorn.run("gateway.asgi:app_from_env", factory=True, workers=args.workers, **options)
+        server.run("gateway.asgi:app_from_env", options, workers=args.workers)
     else:
-        uvicorn.run(create_app(config), **options)
+        server.run(create_app(config), options)
     return 0
 
 
@@ -110,19 +107,6 @@ def _load_for_serve(path: str) -> Config | int:
         for problem in exc.problems:
             print(f"modelgate serve: {problem}", file=sys.stderr)
         return EXIT_CONFIG
-
-
-def _server_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "host": args.host,
-        "port": args.port,
-        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
-        "log_config": None,
-        "access_log": False,
-        "server_header": False,
-        "timeout_graceful_shutdown": 30,
-    }
 
 
 def _mock_upstream(args: argparse.Namespace) -> int:

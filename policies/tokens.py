@@ -8,7 +8,10 @@ cheap, and the reservation is settled to the upstream's real usage afterwards.
 
 from __future__ import annotations
 
-from providers.base import Message
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from providers.base import Message
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4

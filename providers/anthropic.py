@@ -9,9 +9,9 @@ the stream: a :class:`StreamTranslator` turns each event into chunks, relayed as
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 import httpx
 import msgspec
@@ -30,6 +30,7 @@ from providers.anthropic_translate import (
     openai_error_body,
 )
 from providers.base import ChatCall, Completion, Usage
+from providers.chunks import ChunkBuilder
 from providers.http import (
     MAX_ERROR_BYTES,
     MAX_RESPONSE_BYTES,
@@ -39,7 +40,6 @@ from providers.http import (
     sse_data,
     transport_errors,
 )
-from providers.mock import ChunkBuilder
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -238,9 +238,9 @@ class AnthropicChunkStream:
         self.usage: Usage | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        # sse_data is an async generator (declared as an iterator); closing it when the stream
-        # stops at message_stop releases it now rather than at garbage collection.
-        events = cast(AsyncGenerator[bytes, None], sse_data(self._response))
+        # Closing the event generator when the stream stops at message_stop releases it now
+        # rather than at garbage collection.
+        events = sse_data(self._response)
         async with aclosing(events):
             async for data in events:
                 chunks = self._translator.feed(data)

@@ -18,6 +18,7 @@ import msgspec
 
 from gateway.errors import ErrorBody, ErrorEnvelope, InvalidRequest, UpstreamError
 from providers.base import ChatCall, Completion, Usage
+from providers.chunks import usage_dict
 
 DEFAULT_MAX_TOKENS = 4096
 Block = dict[str, Any]
@@ -315,14 +316,6 @@ def finish_reason(stop_reason: str | None) -> str:
     return _FINISH_REASONS.get(stop_reason or "", "stop")
 
 
-def _usage_dict(usage: Usage) -> dict[str, int]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-    }
-
-
 def openai_completion(body: bytes, model: str) -> Completion:
     """A ``chat.completion`` for an Anthropic message body; ``model`` names it if the body does not."""
     try:
@@ -347,7 +340,7 @@ def openai_completion(body: bytes, model: str) -> Completion:
         "created": int(time.time()),
         "model": reply.model or model,
         "choices": [choice],
-        "usage": _usage_dict(usage),
+        "usage": usage_dict(usage),
     }
     return Completion(body=_encode(completion), usage=usage)
 

@@ -11,13 +11,13 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import msgspec
 
 from gateway.config import ProviderConfig
 from policies.tokens import estimate_prompt_tokens
 from providers.base import ChatCall, ChatHead, Completion, Usage
+from providers.chunks import ChunkBuilder, usage_dict
 
 DEFAULT_REPLY_WORDS = 12
 _WORDS = ("this", "is", "a", "mock", "reply", "from", "modelgate", "that")
@@ -35,15 +35,6 @@ def usage_for(head: ChatHead, words: list[str]) -> Usage:
     return Usage(prompt_tokens=estimate_prompt_tokens(head.messages), completion_tokens=len(words))
 
 
-def _usage_dict(usage: Usage) -> dict[str, int]:
-    total = usage.prompt_tokens + usage.completion_tokens
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": total,
-    }
-
-
 def completion_body(model: str, words: list[str], usage: Usage) -> bytes:
     """A ``chat.completion`` body."""
     return _encode(
@@ -59,37 +50,9 @@ def completion_body(model: str, words: list[str], usage: Usage) -> bytes:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": _usage_dict(usage),
+            "usage": usage_dict(usage),
         }
     )
-
-
-class ChunkBuilder:
-    """Builds the ``chat.completion.chunk`` payloads of one streamed reply."""
-
-    def __init__(self, model: str) -> None:
-        self._base: dict[str, Any] = {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-        }
-
-    def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
-        return _encode({**self._base, "choices": [choice]})
-
-    def usage(self, usage: Usage) -> bytes:
-        return _encode({**self._base, "choices": [], "usage": _usage_dict(usage)})
-
-    def all(self, words: list[str], usage: Usage, include_usage: bool) -> list[bytes]:
-        """Every payload of a reply: role, one chunk per word, the finish, then usage if asked."""
-        chunks = [self.delta({"role": "assistant", "content": ""})]
-        chunks.extend(self.delta({"content": w}) for w in words)
-        chunks.append(self.delta({}, "stop"))
-        if include_usage:
-            chunks.append(self.usage(usage))
-        return chunks
 
 
 class MockChunkStream:
