@@ -41,12 +41,12 @@ class ChatHead(msgspec.Struct, frozen=True):
     stream: bool | None = False
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    stream_options: StreamOptions | None = None
+    stream_options: StreamOptions | None | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def include_usage(self) -> bool:
         """Whether the client asked for the usage chunk of a stream."""
-        return self.stream_options is not None and self.stream_options.include_usage
+        return isinstance(self.stream_options, StreamOptions) and self.stream_options.include_usage
 
     @property
     def output_limit(self) -> int | None:

@@ -142,10 +142,12 @@ async def sse_data(response: httpx.Response) -> AsyncGenerator[bytes, None]:
                     yield data
             if len(buffer) > MAX_EVENT_BYTES:
                 raise UpstreamError("the upstream sent an oversized stream event")
-    if buffer.strip():
-        data = _event_data(buffer)
-        if data is not None:
-            yield data
+    # An event missing only its closing blank line still counts, and so does a bare end marker;
+    # one cut off mid-line is dropped, as the SSE rules say, so the reader sees a truncated
+    # stream rather than a broken chunk.
+    data = _event_data(buffer)
+    if data is not None and (buffer.endswith(b"\n") or data == b"[DONE]"):
+        yield data
 
 
 def _event_data(event: bytes) -> bytes | None:

@@ -14,7 +14,7 @@ import httpx
 import msgspec
 
 from gateway.config import ProviderConfig
-from gateway.errors import UpstreamError
+from gateway.errors import InvalidRequest, UpstreamError
 from providers.base import ChatCall, Completion, Usage
 from providers.http import (
     MAX_ERROR_BYTES,
@@ -49,9 +49,12 @@ def upstream_body(call: ChatCall) -> bytes:
     wants_usage_option = bool(head.stream) and not head.include_usage
     if not call.renames_model and not wants_usage_option:
         return call.body
-    if not call.renames_model and head.stream_options is None:
+    if not call.renames_model and head.stream_options is msgspec.UNSET:
         return call.body.rstrip()[:-1] + _USAGE_OPTION
-    body: dict[str, Any] = msgspec.json.decode(call.body)
+    try:
+        body: dict[str, Any] = msgspec.json.decode(call.body)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the request body cannot be forwarded: {exc}") from None
     body["model"] = call.upstream_model
     if wants_usage_option:
         options = body.get("stream_options")
