@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -22,6 +23,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from gateway.config_fields import check_table, check_value, decode_secret, join
 from gateway.secret import Secret
 
 PositiveInt = Annotated[int, Meta(gt=0)]
@@ -136,13 +138,17 @@ def parse_config(text: str, env: os._Environ[str] | dict[str, str]) -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"<toml>: {exc}"]) from exc
+    unset: list[str] = []
+    raw = _interpolate(raw, "", env, unset)
     problems: list[str] = []
-    raw = _interpolate(raw, "", env, problems)
+    valid = not unset
     config = _convert(raw, problems)
+    valid = valid and not problems
     if config is not None:
-        problems.extend(_cross_check(config))
-    if problems:
-        raise ConfigError(problems)
+        problems.extend(_cross_check(config, _names(raw, "providers"), _names(raw, "models")))
+    if problems or not valid:
+        unset_paths = tuple(p.partition(": ")[0] for p in unset)
+        raise ConfigError(unset + [p for p in problems if not p.startswith(unset_paths)])
     assert config is not None
     return config
 
@@ -154,7 +160,7 @@ def _interpolate(value: Any, path: str, env: Any, problems: list[str]) -> Any:
     if isinstance(value, str):
         return _fill(value, path, env, problems)
     if isinstance(value, dict):
-        return {k: _interpolate(v, _join(path, k), env, problems) for k, v in value.items()}
+        return {k: _interpolate(v, join(path, k), env, problems) for k, v in value.items()}
     if isinstance(value, list):
         return [_interpolate(v, f"{path}[{i}]", env, problems) for i, v in enumerate(value)]
     return value
@@ -173,88 +179,58 @@ def _fill(text: str, path: str, env: Any, problems: list[str]) -> str:
     return _REFERENCE.sub(replace, text)
 
 
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-_SINGLE_SECTIONS: dict[str, type[Struct]] = {
-    "server": ServerConfig,
-    "redis": RedisConfig,
-    "retry": RetryConfig,
-    "breaker": BreakerConfig,
-}
-_LIST_SECTIONS: dict[str, type[Struct]] = {
-    "providers": ProviderConfig,
-    "models": ModelConfig,
-    "tenants": TenantConfig,
-}
+_SECTIONS = ("server", "redis", "retry", "breaker", "providers", "models", "tenants")
 
 
 def _convert(raw: dict[str, Any], problems: list[str]) -> Config | None:
-    """Convert section by section so one bad provider does not hide a bad tenant."""
-    before = len(problems)
-    for key in raw:
-        if key not in _SINGLE_SECTIONS and key not in _LIST_SECTIONS:
-            problems.append(f"{key}: unknown field")
-    for key, struct in _SINGLE_SECTIONS.items():
-        if key in raw:
-            _convert_one(raw[key], struct, key, problems)
-    for key, struct in _LIST_SECTIONS.items():
-        items = raw.get(key, [])
-        if not isinstance(items, list):
-            problems.append(f"{key}: expected an array of tables")
-            continue
-        for i, item in enumerate(items):
-            _convert_one(item, struct, f"{key}[{i}]", problems)
-    if len(problems) > before:
+    """The typed config; when some tables are invalid, a config of the valid ones only.
+
+    The partial config lets the cross-reference checks run (and report) even when a table
+    elsewhere is broken; the caller never returns it.
+    """
+    if check_table(raw, Config, "", problems):
+        return msgspec.convert(raw, Config, dec_hook=decode_secret)
+    if not isinstance(raw, dict):
         return None
-    return msgspec.convert(raw, Config, dec_hook=_decode_secret)
-
-
-def _convert_one(value: Any, struct: type[Struct], path: str, problems: list[str]) -> None:
+    scratch: list[str] = []
+    valid: dict[str, Any] = {}
+    hints = typing.get_type_hints(Config, include_extras=True)
+    for key in _SECTIONS:
+        if key not in raw:
+            continue
+        value = raw[key]
+        if isinstance(value, list):
+            valid[key] = [v for v in value if check_value([v], hints[key], key, scratch)]
+        elif check_value(value, hints[key], key, scratch):
+            valid[key] = value
     try:
-        msgspec.convert(value, struct, dec_hook=_decode_secret)
-    except msgspec.ValidationError as exc:
-        problems.append(_describe(exc, path))
+        return msgspec.convert(valid, Config, dec_hook=decode_secret)
+    except msgspec.ValidationError:
+        return None
 
 
-_AT = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.DOTALL)
+def _names(raw: Any, section: str) -> set[str]:
+    """Names of a section's entries as written, valid or not, so a broken entry is still known."""
+    items = raw.get(section) if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        return set()
+    return {item["name"] for item in items if isinstance(item, dict) and isinstance(item.get("name"), str)}
 
 
-def _describe(exc: msgspec.ValidationError, path: str) -> str:
-    match = _AT.match(str(exc))
-    assert match is not None
-    message, where = match.group(1), match.group(2) or ""
-    unknown = re.match(r"Object contains unknown field `(.+)`", message)
-    if unknown:
-        where, message = f"{where}.{unknown.group(1)}", "unknown field"
-    missing = re.match(r"Object missing required field `(.+)`", message)
-    if missing:
-        where, message = f"{where}.{missing.group(1)}", "required field is missing"
-    full = path + where if where.startswith(("[", ".")) or not where else f"{path}.{where}"
-    return f"{full}: {message[:1].lower()}{message[1:]}"
-
-
-def _decode_secret(kind: type, value: Any) -> Any:
-    if kind is Secret and isinstance(value, str):
-        return Secret(value)
-    raise NotImplementedError
-
-
-def _cross_check(config: Config) -> Iterator[str]:
+def _cross_check(config: Config, providers: set[str], models: set[str]) -> Iterator[str]:
     yield from _duplicates("providers", [p.name for p in config.providers])
     yield from _duplicates("models", [m.name for m in config.models])
     yield from _duplicates("tenants", [t.name for t in config.tenants])
     for i, provider in enumerate(config.providers):
         yield from _check_provider(provider, f"providers[{i}]")
-    providers = {p.name for p in config.providers}
+    providers |= {p.name for p in config.providers}
     for i, model in enumerate(config.models):
         for j, target in enumerate(model.targets):
             if target.provider not in providers:
                 yield f"models[{i}].targets[{j}].provider: unknown provider {target.provider!r}"
         if model.routing == "weighted" and not any(t.weight > 0 for t in model.targets):
             yield f"models[{i}].targets: weighted routing needs a target with weight > 0"
-    models = {m.name for m in config.models}
+    models |= {m.name for m in config.models}
     for i, tenant in enumerate(config.tenants):
         yield from _check_tenant(tenant, f"tenants[{i}]", models)
     if config.retry.max_delay_ms < config.retry.base_delay_ms:

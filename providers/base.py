@@ -41,7 +41,7 @@ class ChatHead(msgspec.Struct, frozen=True):
     stream: bool | None = False
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    stream_options: StreamOptions | None | msgspec.UnsetType = msgspec.UNSET
+    stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
 
     @property
     def include_usage(self) -> bool:

@@ -347,7 +347,7 @@ def test_sections_of_the_wrong_shape() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config('providers = "openai"\nserver = 3\n', {})
     assert sorted(caught.value.problems) == sorted(
-        ["providers: expected an array of tables", "server: expected `object`, got `int`"]
+        ["providers: expected an array of tables, got a string", "server: expected a table, got int"]
     )
 
 
