@@ -1,0 +1,136 @@
+"""The admission interface: what a request asks of the shared limits, and what it is told.
+
+A request is checked against groups of limits in one atomic step: the tenant's group must pass
+whole, and of the candidate targets' provider groups the first that passes whole is chosen.
+Nothing is taken unless the request is admitted. A finished request is settled by a list of
+operations (refund or debit tokens, free its slot, record spend and usage), also in one step.
+Two stores implement it with the same semantics: Redis (shared by every process) and memory
+(dev mode, and the per-process fallback when Redis is away).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+LEASE_MS = 15_000
+"""How long a concurrency slot lives without renewal: a dead worker's slots are freed by then."""
+
+RENEW_EVERY_S = 5.0
+"""How often a process renews the leases of its in-flight requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class BucketCheck:
+    """A token bucket holding ``capacity`` (one minute's quota), refilled at capacity/60 per second."""
+
+    key: str
+    capacity: int
+    cost: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlotCheck:
+    """A concurrency limit: at most ``limit`` leased slots at once."""
+
+    key: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaCheck:
+    """A spend limit: spent + reserved + ``reserve`` must stay within ``limit``."""
+
+    key: str
+    limit: float
+    reserve: float
+
+
+Check = BucketCheck | SlotCheck | QuotaCheck
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    slot: str
+    tenant: tuple[Check, ...]
+    candidates: tuple[tuple[Check, ...], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BucketState:
+    """A tenant bucket after admission, for the ``x-ratelimit-*`` headers."""
+
+    limit: int
+    remaining: int
+    reset_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Admitted (with the chosen candidate), or refused (with the check that failed)."""
+
+    admitted: bool
+    candidate: int = 0
+    buckets: tuple[BucketState, ...] = ()
+    failed: Check | None = None
+    wait_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdjustBucket:
+    key: str
+    capacity: int
+    delta: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseSlot:
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class SettleQuota:
+    key: str
+    reserved: float
+    actual: float
+
+
+@dataclass(frozen=True, slots=True)
+class Increment:
+    key: str
+    field: str
+    amount: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetField:
+    key: str
+    field: str
+    value: str
+    only_if_missing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    key: str
+    seconds: int
+
+
+SettleOp = AdjustBucket | ReleaseSlot | SettleQuota | Increment | SetField | Expire
+
+
+class AdmissionStore(Protocol):
+    """Where the limits live."""
+
+    async def admit(self, request: AdmissionRequest) -> Decision: ...
+
+    async def settle(self, slot: str, ops: Sequence[SettleOp]) -> None: ...
+
+    async def renew(self, slots: Sequence[tuple[str, str]]) -> None:
+        """Extend the leases of in-flight ``(slot set key, slot id)`` pairs."""
+        ...
+
+    async def read(self, key: str) -> dict[str, str]:
+        """A hash's fields (usage records), empty if absent."""
+        ...

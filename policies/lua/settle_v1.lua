@@ -1,0 +1,45 @@
+-- settle_v1: settle one finished request, and account for it, in one atomic step.
+--
+-- ARGV[1] is JSON: {"ops": [op, ...], "slot": "<id>"}. An op is one of:
+--   {"b", key_index, capacity, delta}   move a token bucket by -delta after refilling it
+--                                       (delta = actual - reserved: a refund when negative)
+--   {"c", key_index}                    free this request's concurrency slot
+--   {"q", key_index, reserved, actual}  a quota: release the reservation, record what was spent
+--   {"i", key_index, field, amount}     add `amount` to a hash field (usage accounting)
+--   {"s", key_index, field, value}      set a hash field (e.g. last_seen)
+--   {"n", key_index, field, value}      set a hash field only if it is not set yet (first_seen)
+--   {"x", key_index, seconds}           let a key expire after `seconds` (0: never)
+-- Time comes from Redis. Returns the server time in ms.
+
+local spec = cjson.decode(ARGV[1])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+for _, op in ipairs(spec.ops) do
+  local kind, key = op[1], KEYS[op[2]]
+  if kind == 'b' then
+    local capacity = op[3]
+    local state = redis.call('HMGET', key, 'v', 't')
+    local level, updated = tonumber(state[1]), tonumber(state[2])
+    if level == nil then level, updated = capacity, now end
+    local elapsed = now - updated
+    if elapsed < 0 then elapsed = 0 end
+    level = math.min(capacity, level + elapsed * capacity / 60000) - op[4]
+    redis.call('HSET', key, 'v', math.min(capacity, level), 't', now)
+    redis.call('PEXPIRE', key, 120000)
+  elseif kind == 'c' then
+    redis.call('ZREM', key, spec.slot)
+  elseif kind == 'q' then
+    redis.call('HINCRBYFLOAT', key, 'reserved', -op[3])
+    redis.call('HINCRBYFLOAT', key, 'spent', op[4])
+  elseif kind == 'i' then
+    redis.call('HINCRBYFLOAT', key, op[3], op[4])
+  elseif kind == 's' then
+    redis.call('HSET', key, op[3], op[4])
+  elseif kind == 'n' then
+    redis.call('HSETNX', key, op[3], op[4])
+  elseif kind == 'x' then
+    if op[3] > 0 then redis.call('EXPIRE', key, op[3]) else redis.call('PERSIST', key) end
+  end
+end
+return now

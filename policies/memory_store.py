@@ -1,0 +1,167 @@
+"""The in-process admission store: the Redis scripts' semantics in plain Python.
+
+Used in dev mode (one process, nothing shared, nothing durable) and, with scaled-down limits, as
+each process's fallback while Redis is unreachable and ``on_failure = "open"``. It is tested by the
+same contract suite as the Redis store. Everything here runs on the event loop without awaiting,
+so each admission and settlement is atomic just as a Lua script is.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from policies.admission import LEASE_MS as DEFAULT_LEASE_MS
+from policies.admission import (
+    AdjustBucket,
+    AdmissionRequest,
+    BucketCheck,
+    BucketState,
+    Check,
+    Decision,
+    Expire,
+    Increment,
+    ReleaseSlot,
+    SetField,
+    SettleOp,
+    SettleQuota,
+    SlotCheck,
+)
+
+MS_PER_MINUTE = 60_000
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class MemoryStore:
+    """Buckets, slot leases and usage hashes in dicts."""
+
+    def __init__(self, clock: Callable[[], float] = _now_ms, lease_ms: int = DEFAULT_LEASE_MS) -> None:
+        self._clock = clock
+        self._lease_ms = lease_ms
+        self.buckets: dict[str, tuple[float, float]] = {}
+        self.slots: dict[str, dict[str, float]] = {}
+        self.hashes: dict[str, dict[str, str]] = {}
+
+    async def admit(self, request: AdmissionRequest) -> Decision:
+        now = self._clock()
+        failed = self._first_failure(request.tenant, now)
+        if failed is not None:
+            return Decision(False, failed=failed[0], wait_s=failed[1])
+        chosen, waits = 0, []
+        for i, group in enumerate(request.candidates):
+            failure = self._first_failure(group, now)
+            if failure is None:
+                chosen = i
+                self._take(group, request.slot, now)
+                break
+            if failure[1] is not None:
+                waits.append(failure[1])
+        else:
+            if request.candidates:
+                return Decision(False, candidate=-1, wait_s=min(waits) if waits else None)
+        report = self._take(request.tenant, request.slot, now)
+        return Decision(True, candidate=chosen, buckets=report)
+
+    async def settle(self, slot: str, ops: Sequence[SettleOp]) -> None:
+        now = self._clock()
+        for op in ops:
+            self._apply(op, slot, now)
+
+    async def renew(self, slots: Sequence[tuple[str, str]]) -> None:
+        expiry = self._clock() + self._lease_ms
+        for key, slot in slots:
+            leases = self.slots.get(key, {})
+            if slot in leases:
+                leases[slot] = max(leases[slot], expiry)
+
+    async def read(self, key: str) -> dict[str, str]:
+        return dict(self.hashes.get(key, {}))
+
+    def age(self, key: str, ms: float) -> None:
+        """Move a bucket's last update ``ms`` into the past (tests: time passing, or a clock jump)."""
+        level, updated = self.buckets[key]
+        self.buckets[key] = (level, updated - ms)
+
+    def _level(self, check: BucketCheck, now: float) -> float:
+        state = self.buckets.get(check.key)
+        if state is None:
+            return float(check.capacity)
+        level, updated = state
+        elapsed = max(0.0, now - updated)
+        return min(float(check.capacity), level + elapsed * check.capacity / MS_PER_MINUTE)
+
+    def _live_slots(self, key: str, now: float) -> dict[str, float]:
+        leases = self.slots.setdefault(key, {})
+        for slot in [s for s, expiry in leases.items() if expiry <= now]:
+            del leases[slot]
+        return leases
+
+    def _first_failure(self, group: Sequence[Check], now: float) -> tuple[Check, float | None] | None:
+        for check in group:
+            wait = self._wait(check, now)
+            if wait is not None:
+                return check, (None if wait < 0 else wait)
+        return None
+
+    def _wait(self, check: Check, now: float) -> float | None:
+        """None when the check passes; else seconds until it could (-1: not by waiting)."""
+        if isinstance(check, BucketCheck):
+            cost = min(check.cost, check.capacity)
+            level = self._level(check, now)
+            if level >= cost:
+                return None
+            return math.ceil((cost - level) * MS_PER_MINUTE / check.capacity) / 1000
+        if isinstance(check, SlotCheck):
+            leases = self._live_slots(check.key, now)
+            if len(leases) < check.limit:
+                return None
+            return max(1.0, min(leases.values()) - now) / 1000
+        usage = self.hashes.get(check.key, {})
+        used = float(usage.get("spent", 0)) + float(usage.get("reserved", 0))
+        return None if used + check.reserve <= check.limit else -1.0
+
+    def _take(self, group: Sequence[Check], slot: str, now: float) -> tuple[BucketState, ...]:
+        report: list[BucketState] = []
+        for check in group:
+            if isinstance(check, BucketCheck):
+                level = self._level(check, now) - min(check.cost, check.capacity)
+                self.buckets[check.key] = (level, now)
+                reset = math.ceil((check.capacity - level) * MS_PER_MINUTE / check.capacity) / 1000
+                report.append(BucketState(check.capacity, max(0, math.floor(level)), reset))
+            elif isinstance(check, SlotCheck):
+                self._live_slots(check.key, now)[slot] = now + self._lease_ms
+            else:
+                self._add(check.key, "reserved", check.reserve)
+        return tuple(report)
+
+    def _add(self, key: str, field: str, amount: float) -> None:
+        fields = self.hashes.setdefault(key, {})
+        fields[field] = _number(float(fields.get(field, 0)) + amount)
+
+    def _apply(self, op: SettleOp, slot: str, now: float) -> None:
+        if isinstance(op, AdjustBucket):
+            check = BucketCheck(op.key, op.capacity, 0)
+            level = min(float(op.capacity), self._level(check, now) - op.delta)
+            self.buckets[op.key] = (level, now)
+        elif isinstance(op, ReleaseSlot):
+            self.slots.get(op.key, {}).pop(slot, None)
+        elif isinstance(op, SettleQuota):
+            self._add(op.key, "reserved", -op.reserved)
+            self._add(op.key, "spent", op.actual)
+        elif isinstance(op, Increment):
+            self._add(op.key, op.field, op.amount)
+        elif isinstance(op, SetField):
+            fields = self.hashes.setdefault(op.key, {})
+            if not (op.only_if_missing and op.field in fields):
+                fields[op.field] = op.value
+        elif isinstance(op, Expire):
+            pass  # nothing in memory outlives the process anyway
+
+
+def _number(value: float) -> str:
+    """Format like Redis' HINCRBYFLOAT: integers without a fraction."""
+    return str(int(value)) if value == int(value) else repr(value)

@@ -1,0 +1,130 @@
+"""The shared admission store: token buckets, slot leases and usage in Redis, one script per step.
+
+Admission and settlement are each one Lua script call (``policies/lua/``), so a request costs two
+Redis round trips on the happy path and every worker of every instance sees the same numbers.
+Scripts are loaded once and run by SHA (redis-py reloads them after a ``NOSCRIPT``, e.g. when
+Redis restarted); every key is passed in ``KEYS``; time comes from Redis ``TIME``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+
+from policies.admission import (
+    LEASE_MS,
+    AdjustBucket,
+    AdmissionRequest,
+    BucketCheck,
+    BucketState,
+    Check,
+    Decision,
+    Expire,
+    Increment,
+    ReleaseSlot,
+    SetField,
+    SettleOp,
+    SettleQuota,
+    SlotCheck,
+)
+
+_encode = msgspec.json.encode
+
+
+def load_script(name: str) -> str:
+    return resources.files("policies").joinpath("lua", name).read_text(encoding="utf-8")
+
+
+class _KeyIndex:
+    """Collects the keys of one script call and numbers them for ``KEYS[i]``."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def __call__(self, key: str) -> int:
+        index = self._index.get(key)
+        if index is None:
+            self.keys.append(key)
+            index = self._index[key] = len(self.keys)
+        return index
+
+
+class RedisStore:
+    """Admission and settlement against one Redis (or one Cluster slot)."""
+
+    def __init__(self, client: aioredis.Redis, lease_ms: int = LEASE_MS) -> None:
+        self.client = client
+        self._lease_ms = lease_ms
+        self._admit = client.register_script(load_script("admit_v1.lua"))
+        self._settle = client.register_script(load_script("settle_v1.lua"))
+        self._renew = client.register_script(load_script("renew_v1.lua"))
+
+    async def admit(self, request: AdmissionRequest) -> Decision:
+        index = _KeyIndex()
+        groups = [[_check(c, index) for c in request.tenant]]
+        groups.extend([_check(c, index) for c in group] for group in request.candidates)
+        spec = _encode({"groups": groups, "slot": request.slot, "lease_ms": self._lease_ms})
+        reply: list[Any] = await self._admit(keys=index.keys, args=[spec])
+        if reply[0] == 1:
+            chosen = max(0, int(reply[1]) - 2)
+            return Decision(True, candidate=chosen, buckets=_report(request.tenant, reply[2]))
+        wait = int(reply[3])
+        wait_s = None if wait < 0 else wait / 1000
+        if int(reply[1]) == 1:
+            return Decision(False, failed=request.tenant[int(reply[2]) - 1], wait_s=wait_s)
+        return Decision(False, candidate=-1, wait_s=wait_s)
+
+    async def settle(self, slot: str, ops: Sequence[SettleOp]) -> None:
+        index = _KeyIndex()
+        encoded = [_op(op, index) for op in ops]
+        await self._settle(keys=index.keys, args=[_encode({"ops": encoded, "slot": slot})])
+
+    async def renew(self, slots: Sequence[tuple[str, str]]) -> None:
+        if slots:
+            await self._renew(keys=[k for k, _ in slots], args=[self._lease_ms, *(s for _, s in slots)])
+
+    async def read(self, key: str) -> dict[str, str]:
+        fields: dict[bytes | str, bytes | str] = await self.client.hgetall(key)
+        return {_text(k): _text(v) for k, v in fields.items()}
+
+
+def _check(check: Check, index: _KeyIndex) -> list[Any]:
+    if isinstance(check, BucketCheck):
+        return ["b", index(check.key), check.capacity, check.cost]
+    if isinstance(check, SlotCheck):
+        return ["c", index(check.key), check.limit]
+    return ["q", index(check.key), check.limit, check.reserve]
+
+
+def _op(op: SettleOp, index: _KeyIndex) -> list[Any]:
+    if isinstance(op, AdjustBucket):
+        return ["b", index(op.key), op.capacity, op.delta]
+    if isinstance(op, ReleaseSlot):
+        return ["c", index(op.key)]
+    if isinstance(op, SettleQuota):
+        return ["q", index(op.key), op.reserved, op.actual]
+    if isinstance(op, Increment):
+        return ["i", index(op.key), op.field, op.amount]
+    if isinstance(op, SetField):
+        return ["n" if op.only_if_missing else "s", index(op.key), op.field, op.value]
+    assert isinstance(op, Expire)
+    return ["x", index(op.key), op.seconds]
+
+
+def _report(tenant: Sequence[Check], rows: list[Any]) -> tuple[BucketState, ...]:
+    buckets = [c for c in tenant if isinstance(c, BucketCheck)]
+    states = []
+    for check, (level, reset_ms) in zip(buckets, rows, strict=True):
+        remaining = max(0, math.floor(float(level)))
+        states.append(BucketState(check.capacity, remaining, int(reset_ms) / 1000))
+    return tuple(states)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

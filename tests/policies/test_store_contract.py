@@ -1,0 +1,201 @@
+"""One contract, two stores: the Redis scripts and the in-process store must agree exactly.
+
+Time passing is simulated by moving a bucket's last-update time into the past (both stores keep
+it), so the arithmetic is tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from policies.admission import (
+    AdjustBucket,
+    AdmissionRequest,
+    BucketCheck,
+    Increment,
+    QuotaCheck,
+    ReleaseSlot,
+    SetField,
+    SettleQuota,
+    SlotCheck,
+)
+from policies.memory_store import MemoryStore
+from policies.redis_store import RedisStore
+from tests.harness import RedisServer
+
+Store = MemoryStore | RedisStore
+Age = Callable[[str, float], Awaitable[None]]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore(lease_ms=300)
+        return
+    client = aioredis.Redis.from_url(redis_server.url)
+    await client.flushdb()
+    yield RedisStore(client, lease_ms=300)
+    await client.aclose()
+
+
+@pytest.fixture
+def age(store: Store) -> Age:
+    async def move(key: str, ms: float) -> None:
+        if isinstance(store, MemoryStore):
+            store.age(key, ms)
+        else:
+            await store.client.hincrbyfloat(key, "t", -ms)
+
+    return move
+
+
+def one(slot: str, *tenant: BucketCheck | SlotCheck | QuotaCheck, candidates: tuple = ()) -> AdmissionRequest:  # type: ignore[type-arg]
+    return AdmissionRequest(slot=slot, tenant=tuple(tenant), candidates=candidates)
+
+
+async def test_a_whole_minute_may_burst_then_waits_for_refill(store: Store) -> None:
+    rpm = BucketCheck("k:rpm", 60, 1)
+    results = [await store.admit(one(f"s{i}", rpm)) for i in range(61)]
+    assert all(r.admitted for r in results[:60])
+    refused = results[60]
+    assert not refused.admitted and refused.failed == rpm
+    assert refused.wait_s is not None and 0.5 < refused.wait_s <= 1.0  # real time passes in Redis
+
+
+async def test_refill_is_continuous_and_capped(store: Store, age: Age) -> None:
+    tpm = BucketCheck("k:tpm", 6000, 6000)
+    assert (await store.admit(one("a", tpm))).admitted
+    await age("k:tpm", 30_000)
+    half = await store.admit(one("b", BucketCheck("k:tpm", 6000, 3000)))
+    assert half.admitted and half.buckets[0].remaining == 0
+    await age("k:tpm", 10 * 60_000)
+    full = await store.admit(one("c", BucketCheck("k:tpm", 6000, 1)))
+    assert full.buckets[0].remaining == 5999
+
+
+async def test_report_gives_remaining_and_time_to_full(store: Store) -> None:
+    decision = await store.admit(one("a", BucketCheck("k:rpm", 600, 1), BucketCheck("k:tpm", 1000, 250)))
+    rpm, tpm = decision.buckets
+    assert (rpm.limit, rpm.remaining, rpm.reset_s) == (600, 599, 0.1)
+    assert (tpm.limit, tpm.remaining, tpm.reset_s) == (1000, 750, 15.0)
+
+
+async def test_cost_over_capacity_is_clamped_to_a_full_bucket(store: Store) -> None:
+    big = BucketCheck("k:tpm", 100, 5000)
+    assert (await store.admit(one("a", big))).admitted
+    second = await store.admit(one("b", big))
+    assert not second.admitted and second.wait_s == pytest.approx(60.0, abs=0.01)
+
+
+async def test_partial_admission_is_refused_whole(store: Store) -> None:
+    rpm, tpm = BucketCheck("k:rpm", 10, 1), BucketCheck("k:tpm", 100, 80)
+    assert (await store.admit(one("a", rpm, tpm))).admitted
+    refused = await store.admit(one("b", rpm, tpm))
+    assert not refused.admitted and refused.failed == tpm
+    after = await store.admit(one("c", rpm, BucketCheck("k:tpm", 100, 1)))
+    assert after.buckets[0].remaining == 8, "the refused request must not have taken from rpm"
+
+
+async def test_first_provider_with_room_is_chosen(store: Store) -> None:
+    tenant = BucketCheck("t:rpm", 100, 1)
+    first, second = BucketCheck("p1:rpm", 1, 1), BucketCheck("p2:rpm", 10, 1)
+    candidates = ((first,), (second,))
+    assert (await store.admit(one("a", tenant, candidates=candidates))).candidate == 0
+    assert (await store.admit(one("b", tenant, candidates=candidates))).candidate == 1
+    unlimited = await store.admit(one("c", tenant, candidates=((first,), ())))
+    assert unlimited.admitted and unlimited.candidate == 1
+
+
+async def test_no_provider_with_room_refuses_and_takes_nothing(store: Store) -> None:
+    tenant = BucketCheck("t:rpm", 100, 1)
+    p1, p2 = BucketCheck("p1:rpm", 1, 1), BucketCheck("p2:rpm", 2, 1)
+    await store.admit(one("a", tenant, candidates=((p1,),)))
+    await store.admit(one("b", tenant, candidates=((p2,),)))
+    await store.admit(one("c", tenant, candidates=((p2,),)))
+    refused = await store.admit(one("d", tenant, candidates=((p1,), (p2,))))
+    assert not refused.admitted and refused.candidate == -1 and refused.failed is None
+    assert refused.wait_s == pytest.approx(30.0, abs=0.01), "the earliest provider refill: p2 in 30 s"
+    check = await store.admit(one("e", tenant))
+    assert check.buckets[0].remaining == 96
+
+
+async def test_concurrency_slots_are_freed_by_settlement(store: Store) -> None:
+    slots = SlotCheck("t:conc", 2)
+    assert (await store.admit(one("a", slots))).admitted
+    assert (await store.admit(one("b", slots))).admitted
+    refused = await store.admit(one("c", slots))
+    assert not refused.admitted and refused.failed == slots
+    await store.settle("a", [ReleaseSlot("t:conc")])
+    assert (await store.admit(one("c", slots))).admitted
+
+
+async def test_an_unrenewed_slot_expires_after_its_lease(store: Store) -> None:
+    slots = SlotCheck("t:conc", 1)
+    assert (await store.admit(one("dead-worker", slots))).admitted
+    assert not (await store.admit(one("x", slots))).admitted
+    for _ in range(100):
+        if (await store.admit(one("x", slots))).admitted:
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail("the slot lease never expired")
+
+
+async def test_renewal_keeps_a_slot(store: Store) -> None:
+    slots = SlotCheck("t:conc", 1)
+    assert (await store.admit(one("live", slots))).admitted
+    for _ in range(8):
+        await asyncio.sleep(0.1)
+        await store.renew([("t:conc", "live")])
+        assert not (await store.admit(one("other", slots))).admitted
+
+
+async def test_settlement_refunds_and_debits(store: Store) -> None:
+    tpm = BucketCheck("t:tpm", 1000, 100)
+    assert (await store.admit(one("a", tpm))).admitted
+    await store.settle("a", [AdjustBucket("t:tpm", 1000, 30 - 100)])
+    probe = await store.admit(one("b", BucketCheck("t:tpm", 1000, 0)))
+    assert probe.buckets[0].remaining == 970
+    await store.settle("b", [AdjustBucket("t:tpm", 1000, 1500)])
+    refused = await store.admit(one("c", BucketCheck("t:tpm", 1000, 1)))
+    assert not refused.admitted, "a debit past zero leaves the bucket in debt"
+    assert refused.wait_s == pytest.approx((530 + 1) * 60 / 1000, abs=0.1)
+
+
+async def test_quota_reserves_then_settles_to_actual(store: Store) -> None:
+    quota = QuotaCheck("t:usage", 10, 4)
+    assert (await store.admit(one("a", quota))).admitted
+    assert (await store.admit(one("b", quota))).admitted
+    refused = await store.admit(one("c", quota))
+    assert not refused.admitted and refused.failed == quota and refused.wait_s is None
+    await store.settle("a", [SettleQuota("t:usage", 4, 1.5)])
+    assert (await store.admit(one("c", quota))).admitted
+    usage = await store.read("t:usage")
+    assert float(usage["spent"]) == 1.5 and float(usage["reserved"]) == 8
+
+
+async def test_a_clock_that_jumps_back_refills_nothing(store: Store, age: Age) -> None:
+    rpm = BucketCheck("k:rpm", 60, 60)
+    assert (await store.admit(one("a", rpm))).admitted
+    await age("k:rpm", -3_600_000)
+    assert not (await store.admit(one("b", BucketCheck("k:rpm", 60, 1)))).admitted
+
+
+async def test_usage_fields_add_up_and_first_seen_sticks(store: Store) -> None:
+    key = "t:task:1"
+    for value in ("100", "200"):
+        await store.settle(
+            "s",
+            [
+                Increment(key, "prompt_tokens", 7),
+                Increment(key, "usd", 0.25),
+                SetField(key, "first_seen", value, only_if_missing=True),
+                SetField(key, "last_seen", value),
+            ],
+        )
+    usage = await store.read(key)
+    assert usage == {"prompt_tokens": "14", "usd": "0.5", "first_seen": "100", "last_seen": "200"}
+    assert await store.read("missing") == {}
