@@ -18,4 +18,4 @@ from gateway.logs import configure_logging
 def app_from_env() -> Litestar:
     config = load_config(os.environ["MODELGATE_CONFIG"])
     configure_logging(config.server.log_level)
-    return create_app(config)
+    return create_app(config, workers=int(os.environ.get("MODELGATE_WORKERS", "1")))

@@ -28,7 +28,9 @@ from gateway.errors import (
 )
 from gateway.runtime import Gateway
 from gateway.tenants import Tenant
+from policies.limiter import Limiter, Ticket, new_slot_id
 from policies.routing import ModelRoute, Target
+from policies.tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
 from providers.base import ChatCall, ChatHead, ChunkStream, Completion, Usage
 
 log = logging.getLogger("modelgate.request")
@@ -54,9 +56,11 @@ class RequestRecord:
     error_code: str | None = None
     ttft_ms: float | None = None
     usage: Usage | None = None
+    estimated: bool = False
+    rate_headers: dict[str, str] = field(default_factory=dict)
 
     def headers(self) -> dict[str, str]:
-        headers = {"x-modelgate-attempts": str(self.attempts)}
+        headers = {**self.rate_headers, "x-modelgate-attempts": str(self.attempts)}
         if self.target is not None:
             headers["x-modelgate-target"] = self.target
         return headers
@@ -120,8 +124,10 @@ class ChatService:
 
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
+        self._limiter = gateway.limiter
         self._timeout_s = gateway.config.server.request_timeout_s
         self._max_attempts = gateway.config.retry.attempts
+        self._default_max_tokens = gateway.config.server.default_max_tokens
 
     def route_for(self, tenant: Tenant, model: str) -> ModelRoute:
         route = self._gateway.routes.get(model)
@@ -140,18 +146,30 @@ class ChatService:
         head = parse_head(body)
         record.model = head.model
         route = self.route_for(tenant, head.model)
+        targets = route.plan()[: self._max_attempts]
+        prompt = estimate_prompt_tokens(head.messages)
+        reserve = prompt + (head.output_limit or self._default_max_tokens)
+        ticket = await self._limiter.admit(tenant, targets, reserve, new_slot_id())
+        record.rate_headers = ticket.headers
         request = _Request(
             body=body,
             head=head,
             trace={name: headers[name] for name in TRACE_HEADERS if name in headers},
             record=record,
             deadline=asyncio.get_running_loop().time() + self._timeout_s,
+            ticket=ticket,
+            limiter=self._limiter,
+            prompt_estimate=prompt,
         )
-        targets = route.plan()[: self._max_attempts]
-        if head.stream:
-            return await self._stream(targets, request)
-        completion = await self._complete(targets, request)
-        record.usage = completion.usage
+        targets = targets[ticket.target_index :]
+        try:
+            if head.stream:
+                return await self._stream(targets, request)
+            completion = await self._complete(targets, request)
+        except BaseException:
+            await request.settle(None, 0)
+            raise
+        await request.settle(completion.usage, len(completion.body) // CHARS_PER_TOKEN)
         return completion
 
     async def _complete(self, targets: list[Target], request: _Request) -> Completion:
@@ -183,26 +201,40 @@ class ChatService:
                 continue
             record = request.record
             record.ttft_ms = round((time.perf_counter() - record.started) * 1000, 3)
-            return StreamReply(_relay(stream, chunks, first, record, request.deadline))
+            return StreamReply(_relay(stream, chunks, first, request))
         assert last is not None
         raise last
 
 
 @dataclass(slots=True)
 class _Request:
-    """One client request on its way through the targets."""
+    """One admitted client request on its way through the targets."""
 
     body: bytes
     head: ChatHead
     trace: dict[str, str]
     record: RequestRecord
     deadline: float
+    ticket: Ticket
+    limiter: Limiter
+    prompt_estimate: int
 
     def attempt(self, target: Target) -> ChatCall:
         """Count an upstream attempt at ``target`` and the call it makes."""
         self.record.attempts += 1
         self.record.target = target.name
         return ChatCall(self.body, self.head, target.upstream_model, self.trace)
+
+    async def settle(self, usage: Usage | None, completion_estimate: int) -> None:
+        """Settle the admission to what was used: the upstream's usage, else an estimate."""
+        if self.ticket.settled:
+            return
+        if usage is None and completion_estimate > 0:
+            usage = Usage(self.prompt_estimate, completion_estimate)
+            self.record.estimated = True
+        self.record.usage = usage
+        used = usage.prompt_tokens + usage.completion_tokens if usage else 0
+        await self.limiter.settle(self.ticket, used)
 
 
 async def _open(
@@ -228,28 +260,37 @@ async def _open(
 
 
 async def _relay(
-    stream: ChunkStream,
-    chunks: AsyncIterator[bytes],
-    first: bytes | None,
-    record: RequestRecord,
-    deadline: float,
+    stream: ChunkStream, chunks: AsyncIterator[bytes], first: bytes | None, request: _Request
 ) -> AsyncIterator[bytes]:
-    """SSE events for the client, each sent as soon as its upstream chunk arrives."""
+    """SSE events for the client, each sent as soon as its upstream chunk arrives.
+
+    The request is settled before the last event goes out, so a client that sees ``[DONE]`` finds
+    its concurrency slot already free.
+    """
+    record, relayed = request.record, 0
     try:
         chunk = first
         while chunk is not None:
             yield b"data: " + chunk + b"\n\n"
+            relayed += 1
             try:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(request.deadline):
                     chunk = await anext(chunks, None)
             except TimeoutError:
                 raise UpstreamTimeout("the request deadline passed") from None
+        await _finish(stream, request, relayed)
         yield b"data: [DONE]\n\n"
     except UpstreamFailure as failure:
         record.failed(failure, failure.status)
         log.warning("stream cut", extra={"fields": {"request_id": record.request_id, "error": failure.code}})
+        await _finish(stream, request, relayed)
         yield stream_error_event(failure)
     finally:
-        await stream.aclose()
-        record.usage = stream.usage
+        await _finish(stream, request, relayed)
         record.emit()
+
+
+async def _finish(stream: ChunkStream, request: _Request, relayed: int) -> None:
+    """Close the upstream stream and settle (once) to its usage, or to the chunks relayed."""
+    await stream.aclose()
+    await request.settle(stream.usage, relayed)

@@ -94,6 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
     options = server.server_options(args.host, args.port)
     if args.workers > 1:
         os.environ["MODELGATE_CONFIG"] = str(Path(args.config).resolve())
+        os.environ["MODELGATE_WORKERS"] = str(args.workers)
         server.run("gateway.asgi:app_from_env", options, workers=args.workers)
     else:
         server.run(create_app(config), options)

@@ -101,6 +101,11 @@ class RateLimited(GatewayError):
     error_type = "rate_limit_error"
     code = "rate_limit_exceeded"
 
+    def __init__(self, message: str, *, reason: str = "rpm", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, headers=headers)
+        self.reason = reason
+        """Which limit: ``rpm``, ``tpm``, ``concurrency`` or ``provider``."""
+
 
 class QuotaExceeded(GatewayError):
     status = 429

@@ -1,15 +1,27 @@
-"""The gateway's runtime state, built once from a validated config: providers, routes, tenants."""
+"""The gateway's runtime state, built once from a validated config: providers, routes, tenants, limits."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
 
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
 from gateway.config import Config
 from gateway.secret import key_hash, stored_key_hash
 from gateway.tenants import TenantDirectory
+from policies.admission import AdmissionStore
+from policies.keys import Keys
+from policies.limiter import Limiter, Limits
+from policies.memory_store import MemoryStore
+from policies.redis_store import RedisStore
 from policies.routing import ModelRoute, build_routes
 from providers import Provider, build_provider
+
+REDIS_CONNECT_TIMEOUT_S = 0.5
+REDIS_COMMAND_TIMEOUT_S = 1.0
 
 
 @dataclass(slots=True)
@@ -20,22 +32,60 @@ class Gateway:
     providers: dict[str, Provider]
     routes: dict[str, ModelRoute]
     tenants: TenantDirectory
+    limiter: Limiter
+    redis: aioredis.Redis | None
     admin_key_hash: str | None
 
     @classmethod
-    def build(cls, config: Config) -> Gateway:
+    def build(cls, config: Config, workers: int = 1) -> Gateway:
         providers = {p.name: build_provider(p) for p in config.providers}
         admin = config.server.admin_key
+        redis = _redis_client(config)
         return cls(
             config=config,
             providers=providers,
             routes=build_routes(config.models, providers),
             tenants=TenantDirectory(config.tenants),
+            limiter=_limiter(config, redis, workers),
+            redis=redis,
             admin_key_hash=stored_key_hash(admin.reveal()) if admin is not None else None,
         )
 
     def is_admin_key(self, key: str) -> bool:
         return self.admin_key_hash is not None and key_hash(key) == self.admin_key_hash
 
+    async def start(self) -> None:
+        self.limiter.start()
+
     async def aclose(self) -> None:
+        await self.limiter.stop()
         await asyncio.gather(*(p.aclose() for p in self.providers.values()))
+        if self.redis is not None:
+            await self.redis.aclose()
+
+
+def _redis_client(config: Config) -> aioredis.Redis | None:
+    if config.redis is None:
+        return None
+    # One quick retry covers a pooled connection that died with a Redis restart; more would
+    # hold requests while Redis is down, which on_failure exists to decide instead.
+    return aioredis.Redis.from_url(
+        config.redis.url.reveal(),
+        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+        socket_timeout=REDIS_COMMAND_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 1),
+    )
+
+
+def _limiter(config: Config, redis: aioredis.Redis | None, workers: int) -> Limiter:
+    limits = {
+        p.name: Limits(p.rpm, p.tpm, p.max_concurrency)
+        for p in config.providers
+        if p.rpm is not None or p.tpm is not None or p.max_concurrency is not None
+    }
+    max_tokens = config.server.default_max_tokens
+    if redis is None or config.redis is None:
+        return Limiter(MemoryStore(), Keys(), limits, max_tokens)
+    store: AdmissionStore = RedisStore(redis)
+    share = 1.0 / workers if config.redis.on_failure == "open" else None
+    return Limiter(store, Keys(config.redis.prefix), limits, max_tokens, fallback_share=share)

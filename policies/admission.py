@@ -28,6 +28,8 @@ class BucketCheck:
     key: str
     capacity: int
     cost: int
+    tokens: bool = False
+    """Whether the bucket counts tokens, settled to actual usage (else requests, never settled)."""
 
 
 @dataclass(frozen=True, slots=True)

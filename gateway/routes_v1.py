@@ -1,0 +1,60 @@
+"""The OpenAI-compatible routes: ``POST /v1/chat/completions`` and ``GET /v1/models``."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import msgspec
+from litestar import MediaType, Request, Response, get, post
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.response import Stream
+
+from gateway.chat import TRACE_HEADERS, ChatService, RequestRecord, StreamReply
+from gateway.errors import GatewayError, RequestTooLarge
+from gateway.http import error_response, gateway_of, request_id_for, tenant_of
+
+_CHAT_HEADERS = ("x-task-id", *TRACE_HEADERS)
+_encode = msgspec.json.encode
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    record = RequestRecord(request_id_for(request.scope))
+    try:
+        tenant = tenant_of(request)
+        body = await _body(request)
+        headers = {name: value for name in _CHAT_HEADERS if (value := request.headers.get(name)) is not None}
+        chat = cast(ChatService, request.app.state.chat)
+        result = await chat.handle(tenant, body, headers, record)
+    except GatewayError as error:
+        response = error_response(error, record.headers())
+        record.failed(error, response.status_code or 500)
+        record.emit()
+        return response
+    if isinstance(result, StreamReply):
+        headers = {**record.headers(), "cache-control": "no-cache", "x-accel-buffering": "no"}
+        return Stream(result.events, media_type="text/event-stream", headers=headers)
+    record.emit()
+    return Response(content=result.body, media_type=MediaType.JSON, headers=record.headers())
+
+
+async def _body(request: Request[Any, Any, Any]) -> bytes:
+    try:
+        return await request.body()
+    except RequestEntityTooLarge:
+        limit = gateway_of(request).config.server.max_body_bytes
+        raise RequestTooLarge(f"the request body is over {limit} bytes") from None
+
+
+@get("/v1/models")
+async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
+    tenant = tenant_of(request)
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "modelgate"}
+        for name in gateway_of(request).routes
+        if tenant.may_use(name)
+    ]
+    return Response(content=_encode({"object": "list", "data": data}), media_type=MediaType.JSON)
+
+
+ROUTES = [chat_completions, list_models]

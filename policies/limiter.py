@@ -1,0 +1,290 @@
+"""Admission policy: which limits a request meets, what it reserves, and how it is settled.
+
+At admission a request reserves one request from the tenant's ``rpm`` bucket and its token
+estimate (prompt estimate + ``max_tokens``, or the configured default) from ``tpm``, takes a
+concurrency slot, and does the same at the first candidate target whose provider has room. After
+the response it settles: tokens are refunded or debited to the actual usage and slots are freed.
+Admission and settlement are one store call each.
+
+When Redis is unreachable, ``on_failure = "closed"`` answers 503 ``state_unavailable``; ``"open"``
+admits on a per-process in-memory store whose limits are this process's share of the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from redis.exceptions import RedisError
+
+from gateway.errors import RateLimited, StateUnavailable
+from gateway.tenants import Tenant
+from policies.admission import (
+    RENEW_EVERY_S,
+    AdjustBucket,
+    AdmissionRequest,
+    AdmissionStore,
+    BucketCheck,
+    Check,
+    Decision,
+    ReleaseSlot,
+    SettleOp,
+    SlotCheck,
+)
+from policies.durations import go_duration
+from policies.keys import Keys
+from policies.memory_store import MemoryStore
+from policies.routing import Target
+
+log = logging.getLogger("modelgate.state")
+
+PENDING_SETTLEMENTS = 10_000
+"""Settlements kept while Redis is away, replayed when it returns (oldest dropped beyond this)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrency: int | None = None
+
+
+@dataclass(slots=True)
+class Ticket:
+    """What one admitted request holds until it is settled."""
+
+    slot: str
+    store: AdmissionStore
+    reserved_tokens: int
+    tenant: tuple[Check, ...]
+    providers: list[tuple[Check, ...]] = field(default_factory=list)
+    target_index: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    settled: bool = False
+
+
+class StateHealth:
+    """Whether Redis answered last time; logs each change."""
+
+    def __init__(self) -> None:
+        self.ok = True
+
+    def mark(self, ok: bool, error: BaseException | None = None) -> None:
+        if ok != self.ok:
+            self.ok = ok
+            fields = {"redis": "up" if ok else "down", "error": type(error).__name__ if error else None}
+            log.warning("redis connectivity changed", extra={"fields": fields})
+
+
+class Limiter:
+    """Admits and settles requests against one store, with an optional per-process fallback."""
+
+    def __init__(
+        self,
+        store: AdmissionStore,
+        keys: Keys,
+        providers: dict[str, Limits],
+        default_max_tokens: int,
+        fallback_share: float | None = None,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._providers = providers
+        self._default_max_tokens = default_max_tokens
+        self._share = fallback_share
+        self._fallback = MemoryStore() if fallback_share is not None else None
+        self.health = StateHealth()
+        self._in_flight: dict[str, list[tuple[str, str]]] = {}
+        self._pending: deque[tuple[str, list[SettleOp]]] = deque(maxlen=PENDING_SETTLEMENTS)
+        self._renewer: asyncio.Task[None] | None = None
+
+    @property
+    def shared(self) -> bool:
+        return not isinstance(self._store, MemoryStore)
+
+    async def admit(
+        self, tenant: Tenant, targets: Sequence[Target], reserve_tokens: int, slot: str
+    ) -> Ticket:
+        """Reserve capacity for one request, or raise ``RateLimited`` / ``StateUnavailable``."""
+        request = self._request(tenant, targets, reserve_tokens, slot, 1.0)
+        store: AdmissionStore = self._store
+        try:
+            decision = await self._decide(store, request)
+        except (RedisError, OSError) as exc:
+            self.health.mark(False, exc)
+            if self._fallback is None or self._share is None:
+                raise StateUnavailable("the gateway's shared state (Redis) is unreachable") from None
+            store, request = self._fallback, self._request(tenant, targets, reserve_tokens, slot, self._share)
+            decision = await self._decide(store, request)
+        else:
+            self.health.mark(True)
+        ticket = Ticket(slot, store, reserve_tokens, request.tenant, target_index=decision.candidate)
+        ticket.headers = _rate_headers(request.tenant, decision)
+        if not decision.admitted:
+            raise _refusal(tenant, request, decision, ticket.headers)
+        if request.candidates:
+            ticket.providers.append(request.candidates[decision.candidate])
+        self._hold(ticket)
+        return ticket
+
+    async def settle(self, ticket: Ticket, used_tokens: int, extra: Sequence[SettleOp] = ()) -> None:
+        """Settle to the tokens actually used (0 when the call failed); never raises."""
+        if ticket.settled:
+            return
+        ticket.settled = True
+        self._in_flight.pop(ticket.slot, None)
+        ops = [*_settle_ops(ticket.tenant, used_tokens - ticket.reserved_tokens)]
+        for i, group in enumerate(ticket.providers):
+            used = used_tokens if i == len(ticket.providers) - 1 else 0
+            ops.extend(_settle_ops(group, used - ticket.reserved_tokens))
+        ops.extend(extra)
+        if not ops:
+            return
+        try:
+            await ticket.store.settle(ticket.slot, ops)
+        except (RedisError, OSError) as exc:
+            self.health.mark(False, exc)
+            self._pending.append((ticket.slot, ops))
+
+    def start(self) -> None:
+        """Start renewing in-flight slot leases (and replaying settlements kept during an outage)."""
+        if self._renewer is None:
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+
+    async def stop(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+            self._renewer = None
+
+    async def ping(self) -> bool:
+        """Whether the shared store answers now (for ``/readyz``)."""
+        if not self.shared:
+            return True
+        client = getattr(self._store, "client", None)
+        try:
+            async with asyncio.timeout(0.5):
+                await client.ping()  # type: ignore[union-attr]
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.health.mark(False, exc)
+            return False
+        self.health.mark(True)
+        return True
+
+    def _request(
+        self, tenant: Tenant, targets: Sequence[Target], reserve: int, slot: str, share: float
+    ) -> AdmissionRequest:
+        limits = Limits(tenant.rpm, tenant.tpm, tenant.max_concurrency)
+        checks = _checks(partial(self._keys.tenant, tenant.name), limits, reserve, share)
+        candidates = tuple(self._provider_checks(t.provider_name, reserve, share) for t in targets)
+        if not any(candidates):
+            candidates = ()
+        return AdmissionRequest(slot=slot, tenant=checks, candidates=candidates)
+
+    def _provider_checks(self, provider: str, reserve: int, share: float) -> tuple[Check, ...]:
+        limits = self._providers.get(provider)
+        if limits is None:
+            return ()
+        return _checks(partial(self._keys.provider, provider), limits, reserve, share)
+
+    async def _decide(self, store: AdmissionStore, request: AdmissionRequest) -> Decision:
+        if not request.tenant and not request.candidates:
+            return Decision(True)
+        return await store.admit(request)
+
+    def _hold(self, ticket: Ticket) -> None:
+        slots = [
+            (c.key, ticket.slot)
+            for group in (ticket.tenant, *ticket.providers)
+            for c in group
+            if isinstance(c, SlotCheck)
+        ]
+        if slots and ticket.store is self._store:
+            self._in_flight[ticket.slot] = slots
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW_EVERY_S)
+            slots = [pair for pairs in list(self._in_flight.values()) for pair in pairs]
+            try:
+                await self._store.renew(slots)
+                await self._replay()
+            except (RedisError, OSError) as exc:
+                self.health.mark(False, exc)
+            else:
+                self.health.mark(True)
+
+    async def _replay(self) -> None:
+        while self._pending:
+            slot, ops = self._pending[0]
+            await self._store.settle(slot, ops)
+            self._pending.popleft()
+
+
+def _checks(key: Callable[[str], str], limits: Limits, reserve: int, share: float) -> tuple[Check, ...]:
+    """The checks of one party (tenant or provider); ``key`` names its bucket or slot set."""
+    checks: list[Check] = []
+    if limits.rpm is not None:
+        checks.append(BucketCheck(key("rpm"), _scaled(limits.rpm, share), 1))
+    if limits.tpm is not None:
+        checks.append(BucketCheck(key("tpm"), _scaled(limits.tpm, share), reserve, tokens=True))
+    if limits.max_concurrency is not None:
+        checks.append(SlotCheck(key("conc"), _scaled(limits.max_concurrency, share)))
+    return tuple(checks)
+
+
+def _scaled(limit: int, share: float) -> int:
+    return max(1, math.floor(limit * share))
+
+
+def _settle_ops(group: Sequence[Check], token_delta: int) -> list[SettleOp]:
+    ops: list[SettleOp] = []
+    for check in group:
+        if isinstance(check, BucketCheck) and check.tokens:
+            ops.append(AdjustBucket(check.key, check.capacity, token_delta))
+        elif isinstance(check, SlotCheck):
+            ops.append(ReleaseSlot(check.key))
+    return ops
+
+
+def _rate_headers(tenant: Sequence[Check], decision: Decision) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    buckets = [c for c in tenant if isinstance(c, BucketCheck)]
+    for check, state in zip(buckets, decision.buckets, strict=False):
+        kind = "tokens" if check.tokens else "requests"
+        headers[f"x-ratelimit-limit-{kind}"] = str(state.limit)
+        headers[f"x-ratelimit-remaining-{kind}"] = str(state.remaining)
+        headers[f"x-ratelimit-reset-{kind}"] = go_duration(state.reset_s)
+    return headers
+
+
+def _refusal(
+    tenant: Tenant, request: AdmissionRequest, decision: Decision, headers: dict[str, str]
+) -> RateLimited:
+    failed = decision.failed
+    if failed is None:
+        reason, message = "provider", "every provider that serves this model is at its rate limit"
+    elif isinstance(failed, SlotCheck):
+        reason, message = "concurrency", f"tenant {tenant.name!r} is at its max_concurrency of {failed.limit}"
+    else:
+        assert isinstance(failed, BucketCheck)
+        kind = "tpm" if failed.tokens else "rpm"
+        reason, message = kind, f"tenant {tenant.name!r} is over its {kind} limit of {failed.capacity}"
+    wait = decision.wait_s if decision.wait_s is not None else 1.0
+    retry = {
+        "retry-after": str(max(1, math.ceil(wait))),
+        "retry-after-ms": str(max(1, math.ceil(wait * 1000))),
+    }
+    return RateLimited(message, reason=reason, headers={**headers, **retry})
+
+
+def new_slot_id() -> str:
+    return os.urandom(9).hex()
