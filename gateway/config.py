@@ -47,6 +47,7 @@ class RedisConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     url: Secret
     prefix: Name = "mg"
     on_failure: Literal["closed", "open"] = "closed"
+    slot_lease_s: Annotated[float, Meta(ge=1, le=300)] = 15.0
 
 
 class RetryConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -86,6 +86,9 @@ def _limiter(config: Config, redis: aioredis.Redis | None, workers: int) -> Limi
     max_tokens = config.server.default_max_tokens
     if redis is None or config.redis is None:
         return Limiter(MemoryStore(), Keys(), limits, max_tokens)
-    store: AdmissionStore = RedisStore(redis)
+    lease_ms = int(config.redis.slot_lease_s * 1000)
+    store: AdmissionStore = RedisStore(redis, lease_ms)
     share = 1.0 / workers if config.redis.on_failure == "open" else None
-    return Limiter(store, Keys(config.redis.prefix), limits, max_tokens, fallback_share=share)
+    return Limiter(
+        store, Keys(config.redis.prefix), limits, max_tokens, fallback_share=share, lease_ms=lease_ms
+    )

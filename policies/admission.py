@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 LEASE_MS = 15_000
-"""How long a concurrency slot lives without renewal: a dead worker's slots are freed by then."""
-
-RENEW_EVERY_S = 5.0
-"""How often a process renews the leases of its in-flight requests."""
+"""How long a concurrency slot lives without renewal (default): a dead worker's slots are freed by then.
+Each process renews the leases of its in-flight requests every third of it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from gateway.errors import RateLimited, StateUnavailable
 from gateway.tenants import Tenant
 from policies.admission import (
-    RENEW_EVERY_S,
+    LEASE_MS,
     AdjustBucket,
     AdmissionRequest,
     AdmissionStore,
@@ -92,7 +92,9 @@ class Limiter:
         keys: Keys,
         providers: dict[str, Limits],
         default_max_tokens: int,
+        *,
         fallback_share: float | None = None,
+        lease_ms: int = LEASE_MS,
     ) -> None:
         self._store = store
         self._keys = keys
@@ -104,6 +106,7 @@ class Limiter:
         self._in_flight: dict[str, list[tuple[str, str]]] = {}
         self._pending: deque[tuple[str, list[SettleOp]]] = deque(maxlen=PENDING_SETTLEMENTS)
         self._renewer: asyncio.Task[None] | None = None
+        self._renew_every_s = lease_ms / 3000
 
     @property
     def shared(self) -> bool:
@@ -212,7 +215,7 @@ class Limiter:
 
     async def _renew_forever(self) -> None:
         while True:
-            await asyncio.sleep(RENEW_EVERY_S)
+            await asyncio.sleep(self._renew_every_s)
             slots = [pair for pairs in list(self._in_flight.values()) for pair in pairs]
             try:
                 await self._store.renew(slots)
