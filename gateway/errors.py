@@ -104,7 +104,7 @@ class RateLimited(GatewayError):
     def __init__(self, message: str, *, reason: str = "rpm", headers: dict[str, str] | None = None) -> None:
         super().__init__(message, headers=headers)
         self.reason = reason
-        """Which limit: ``rpm``, ``tpm``, ``concurrency`` or ``provider``."""
+        """Which limit: ``rpm``, ``tpm``, ``concurrency``, ``provider`` (or ``auth``: key guessing)."""
 
 
 class QuotaExceeded(GatewayError):

@@ -57,17 +57,25 @@ def bearer_key(request: Request[Any, Any, Any]) -> str:
     return key.strip()
 
 
-def tenant_of(request: Request[Any, Any, Any]) -> Tenant:
-    """The tenant whose key the request carries, or 401."""
-    tenant = gateway_of(request).tenants.authenticate(bearer_key(request))
+async def tenant_of(request: Request[Any, Any, Any]) -> Tenant:
+    """The tenant whose key the request carries, or 401 (429 for an address guessing keys)."""
+    gateway = gateway_of(request)
+    address = request.client.host if request.client else "unknown"
+    gateway.key_guard.check(address)
+    tenant = gateway.tenants.authenticate(bearer_key(request))
     if tenant is None:
+        await gateway.key_guard.failed(address)
         raise InvalidApiKey("invalid API key")
     return tenant
 
 
-def require_admin(request: Request[Any, Any, Any]) -> None:
+async def require_admin(request: Request[Any, Any, Any]) -> None:
     """401 unless the request carries the admin key (a tenant key is refused like any other)."""
-    if not gateway_of(request).is_admin_key(bearer_key(request)):
+    gateway = gateway_of(request)
+    address = request.client.host if request.client else "unknown"
+    gateway.key_guard.check(address)
+    if not gateway.is_admin_key(bearer_key(request)):
+        await gateway.key_guard.failed(address)
         raise InvalidApiKey("invalid admin key")
 
 

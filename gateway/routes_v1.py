@@ -21,7 +21,7 @@ _encode = msgspec.json.encode
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     record = RequestRecord(request_id_for(request.scope))
     try:
-        tenant = tenant_of(request)
+        tenant = await tenant_of(request)
         body = await _body(request)
         headers = {name: value for name in _CHAT_HEADERS if (value := request.headers.get(name)) is not None}
         chat = cast(ChatService, request.app.state.chat)
@@ -48,7 +48,7 @@ async def _body(request: Request[Any, Any, Any]) -> bytes:
 
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
-    tenant = tenant_of(request)
+    tenant = await tenant_of(request)
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "modelgate"}
         for name in gateway_of(request).routes

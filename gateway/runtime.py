@@ -10,6 +10,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from gateway.config import Config
+from gateway.key_guard import KeyGuard
 from gateway.secret import key_hash, stored_key_hash
 from gateway.tenants import TenantDirectory
 from policies.admission import AdmissionStore
@@ -35,6 +36,7 @@ class Gateway:
     limiter: Limiter
     redis: aioredis.Redis | None
     admin_key_hash: str | None
+    key_guard: KeyGuard
 
     @classmethod
     def build(cls, config: Config, workers: int = 1) -> Gateway:
@@ -49,6 +51,7 @@ class Gateway:
             limiter=_limiter(config, redis, workers),
             redis=redis,
             admin_key_hash=stored_key_hash(admin.reveal()) if admin is not None else None,
+            key_guard=KeyGuard(config.server.invalid_keys_per_minute),
         )
 
     def is_admin_key(self, key: str) -> bool:

@@ -18,7 +18,7 @@ ANTHROPIC_KEY = "sk-ant-secret-e2e-4343434343"
 
 def gateway_config(upstream_url: str, **server: object) -> str:
     """The end-to-end config: an OpenAI-type and an Anthropic-type target on the mock upstream."""
-    settings = {"admin_key": ADMIN_KEY, "request_timeout_s": 5, **server}
+    settings = {"admin_key": ADMIN_KEY, "request_timeout_s": 5, "invalid_keys_per_minute": 10000, **server}
     server_lines = "\n".join(
         f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in settings.items()
     )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import LIMITED_KEY, TENANT_KEY
+from tests.conftest import LIMITED_KEY, TENANT_KEY, gateway_config
 from tests.harness import Gateway, MockUpstream
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -178,3 +179,20 @@ def test_sdk_raises_on_a_stream_cut_mid_way(gateway: Gateway, upstream: MockUpst
     stream = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
     with pytest.raises(openai.APIError):
         list(stream)
+
+
+def test_an_address_guessing_keys_is_slowed(session_tmp: Path, upstream: MockUpstream) -> None:
+    process = Gateway(session_tmp, gateway_config(upstream.url, invalid_keys_per_minute=5)).start()
+    try:
+        url = f"{process.url}/v1/models"
+        statuses = [
+            httpx.get(url, headers={"authorization": f"Bearer guess-{i:04d}"}).status_code for i in range(7)
+        ]
+        assert statuses[:5] == [401] * 5
+        assert statuses[5:] == [429, 429]
+        blocked = httpx.get(url, headers=AUTH)
+        assert blocked.status_code == 429, "while blocked, even a right key is refused"
+        assert int(blocked.headers["retry-after"]) >= 1
+        assert blocked.json()["error"]["code"] == "rate_limit_exceeded"
+    finally:
+        process.stop()
