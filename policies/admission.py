@@ -47,7 +47,18 @@ class QuotaCheck:
     reserve: float
 
 
-Check = BucketCheck | SlotCheck | QuotaCheck
+@dataclass(frozen=True, slots=True)
+class BreakerCheck:
+    """A target's circuit breaker: closed passes; open passes after ``reset_ms`` as a half-open
+    probe; half-open lets ``probes`` probes out at once (forgotten after ``probe_ttl_ms``)."""
+
+    key: str
+    reset_ms: int
+    probes: int
+    probe_ttl_ms: int
+
+
+Check = BucketCheck | SlotCheck | QuotaCheck | BreakerCheck
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +86,11 @@ class Decision:
     buckets: tuple[BucketState, ...] = ()
     failed: Check | None = None
     wait_s: float | None = None
+    probe: str = ""
+    """``half_open`` when admission turned the chosen target's breaker half-open, ``probe`` when
+    the request is a half-open probe, else empty."""
+    only_breakers: bool = False
+    """When no candidate was admitted: whether every one was refused by its breaker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +133,23 @@ class Expire:
     seconds: int
 
 
-SettleOp = AdjustBucket | ReleaseSlot | SettleQuota | Increment | SetField | Expire
+@dataclass(frozen=True, slots=True)
+class BreakerSuccess:
+    """A call at the target succeeded: a half-open breaker closes, a closed one forgets failures."""
+
+    key: str
+
+
+SettleOp = AdjustBucket | ReleaseSlot | SettleQuota | Increment | SetField | Expire | BreakerSuccess
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    state: int
+    """0 closed, 1 half-open, 2 open."""
+    failures: int
+    transition: str
+    """``open`` or ``closed`` when this call changed the state, else empty."""
 
 
 class AdmissionStore(Protocol):
@@ -125,7 +157,13 @@ class AdmissionStore(Protocol):
 
     async def admit(self, request: AdmissionRequest) -> Decision: ...
 
-    async def settle(self, slot: str, ops: Sequence[SettleOp]) -> None: ...
+    async def settle(self, slot: str, ops: Sequence[SettleOp]) -> list[str]:
+        """Apply ``ops`` atomically; returns the keys of breakers that closed."""
+        ...
+
+    async def breaker_failure(self, key: str, threshold: int) -> BreakerState: ...
+
+    async def breaker_reset(self, key: str) -> BreakerState: ...
 
     async def renew(self, slots: Sequence[tuple[str, str]]) -> None:
         """Extend the leases of in-flight ``(slot set key, slot id)`` pairs."""

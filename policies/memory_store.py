@@ -16,6 +16,9 @@ from policies.admission import LEASE_MS as DEFAULT_LEASE_MS
 from policies.admission import (
     AdjustBucket,
     AdmissionRequest,
+    BreakerCheck,
+    BreakerState,
+    BreakerSuccess,
     BucketCheck,
     BucketState,
     Check,
@@ -51,25 +54,62 @@ class MemoryStore:
         failed = self._first_failure(request.tenant, now)
         if failed is not None:
             return Decision(False, failed=failed[0], wait_s=failed[1])
-        chosen, waits = 0, []
+        chosen, waits, only_breakers, probe = 0, [], True, ""
         for i, group in enumerate(request.candidates):
             failure = self._first_failure(group, now)
             if failure is None:
                 chosen = i
-                self._take(group, request.slot, now)
+                probe = self._take(group, request.slot, now)[1]
                 break
+            only_breakers = only_breakers and isinstance(failure[0], BreakerCheck)
             if failure[1] is not None:
                 waits.append(failure[1])
         else:
             if request.candidates:
-                return Decision(False, candidate=-1, wait_s=min(waits) if waits else None)
-        report = self._take(request.tenant, request.slot, now)
-        return Decision(True, candidate=chosen, buckets=report)
+                wait = min(waits) if waits else None
+                return Decision(False, candidate=-1, wait_s=wait, only_breakers=only_breakers)
+        report = self._take(request.tenant, request.slot, now)[0]
+        return Decision(True, candidate=chosen, buckets=report, probe=probe)
 
-    async def settle(self, slot: str, ops: Sequence[SettleOp]) -> None:
+    async def settle(self, slot: str, ops: Sequence[SettleOp]) -> list[str]:
         now = self._clock()
+        closed = []
         for op in ops:
-            self._apply(op, slot, now)
+            if isinstance(op, BreakerSuccess):
+                if self._breaker_success(op.key):
+                    closed.append(op.key)
+            else:
+                self._apply(op, slot, now)
+        return closed
+
+    async def breaker_failure(self, key: str, threshold: int) -> BreakerState:
+        fields = self.hashes.setdefault(key, {})
+        state, failures = int(fields.get("s", 0)), int(fields.get("f", 0)) + 1
+        if state == 2:
+            return BreakerState(2, failures - 1, "")
+        if state == 1 or failures >= threshold:
+            fields.update(s="2", f=str(failures), o=repr(self._clock()), p="0")
+            return BreakerState(2, failures, "open")
+        fields["f"] = str(failures)
+        return BreakerState(0, failures, "")
+
+    async def breaker_reset(self, key: str) -> BreakerState:
+        fields = self.hashes.setdefault(key, {})
+        was = int(fields.get("s", 0))
+        fields.update(s="0", f="0", p="0")
+        return BreakerState(0, 0, "closed" if was else "")
+
+    def _breaker_success(self, key: str) -> bool:
+        fields = self.hashes.get(key)
+        if fields is None:
+            return False
+        state = int(fields.get("s", 0))
+        if state == 1:
+            fields.update(s="0", f="0", p="0")
+            return True
+        if state == 0:
+            fields["f"] = "0"
+        return False
 
     async def renew(self, slots: Sequence[tuple[str, str]]) -> None:
         expiry = self._clock() + self._lease_ms
@@ -120,12 +160,29 @@ class MemoryStore:
             if len(leases) < check.limit:
                 return None
             return max(1.0, min(leases.values()) - now) / 1000
+        if isinstance(check, BreakerCheck):
+            passes, wait, _ = self._breaker_verdict(check, now)
+            return None if passes else wait / 1000
         usage = self.hashes.get(check.key, {})
         used = float(usage.get("spent", 0)) + float(usage.get("reserved", 0))
         return None if used + check.reserve <= check.limit else -1.0
 
-    def _take(self, group: Sequence[Check], slot: str, now: float) -> tuple[BucketState, ...]:
+    def _breaker_verdict(self, check: BreakerCheck, now: float) -> tuple[bool, float, str]:
+        fields = self.hashes.get(check.key, {})
+        state = int(fields.get("s", 0))
+        if state == 0:
+            return True, 0.0, ""
+        if state == 2:
+            ready = float(fields.get("o", 0)) + check.reset_ms
+            return (False, ready - now, "") if now < ready else (True, 0.0, "half_open")
+        out = int(fields.get("p", 0))
+        if now - float(fields.get("h", 0)) > check.probe_ttl_ms:
+            out = 0
+        return (True, 0.0, "probe") if out < check.probes else (False, 1000.0, "")
+
+    def _take(self, group: Sequence[Check], slot: str, now: float) -> tuple[tuple[BucketState, ...], str]:
         report: list[BucketState] = []
+        probe = ""
         for check in group:
             if isinstance(check, BucketCheck):
                 level = self._level(check, now) - min(check.cost, check.capacity)
@@ -134,9 +191,21 @@ class MemoryStore:
                 report.append(BucketState(check.capacity, max(0, math.floor(level)), reset))
             elif isinstance(check, SlotCheck):
                 self._live_slots(check.key, now)[slot] = now + self._lease_ms
+            elif isinstance(check, BreakerCheck):
+                probe = self._take_probe(check, now) or probe
             else:
                 self._add(check.key, "reserved", check.reserve)
-        return tuple(report)
+        return tuple(report), probe
+
+    def _take_probe(self, check: BreakerCheck, now: float) -> str:
+        verdict = self._breaker_verdict(check, now)[2]
+        fields = self.hashes.setdefault(check.key, {})
+        if verdict == "half_open":
+            fields.update(s="1", p="1", h=repr(now))
+        elif verdict == "probe":
+            stale = now - float(fields.get("h", 0)) > check.probe_ttl_ms
+            fields.update(p="1", h=repr(now)) if stale else fields.update(p=str(int(fields.get("p", 0)) + 1))
+        return verdict
 
     def _add(self, key: str, field: str, amount: float) -> None:
         fields = self.hashes.setdefault(key, {})

@@ -20,6 +20,9 @@ from policies.admission import (
     LEASE_MS,
     AdjustBucket,
     AdmissionRequest,
+    BreakerCheck,
+    BreakerState,
+    BreakerSuccess,
     BucketCheck,
     BucketState,
     Check,
@@ -61,8 +64,9 @@ class RedisStore:
     def __init__(self, client: aioredis.Redis, lease_ms: int = LEASE_MS) -> None:
         self.client = client
         self._lease_ms = lease_ms
-        self._admit = client.register_script(load_script("admit_v1.lua"))
-        self._settle = client.register_script(load_script("settle_v1.lua"))
+        self._admit = client.register_script(load_script("admit_v2.lua"))
+        self._settle = client.register_script(load_script("settle_v2.lua"))
+        self._breaker = client.register_script(load_script("breaker_v1.lua"))
         self._renew = client.register_script(load_script("renew_v1.lua"))
 
     async def admit(self, request: AdmissionRequest) -> Decision:
@@ -73,17 +77,27 @@ class RedisStore:
         reply: list[Any] = await self._admit(keys=index.keys, args=[spec])
         if reply[0] == 1:
             chosen = max(0, int(reply[1]) - 2)
-            return Decision(True, candidate=chosen, buckets=_report(request.tenant, reply[2]))
+            probe = _text(reply[3])
+            return Decision(True, candidate=chosen, buckets=_report(request.tenant, reply[2]), probe=probe)
         wait = int(reply[3])
         wait_s = None if wait < 0 else wait / 1000
         if int(reply[1]) == 1:
             return Decision(False, failed=request.tenant[int(reply[2]) - 1], wait_s=wait_s)
-        return Decision(False, candidate=-1, wait_s=wait_s)
+        return Decision(False, candidate=-1, wait_s=wait_s, only_breakers=int(reply[2]) == 1)
 
-    async def settle(self, slot: str, ops: Sequence[SettleOp]) -> None:
+    async def settle(self, slot: str, ops: Sequence[SettleOp]) -> list[str]:
         index = _KeyIndex()
         encoded = [_op(op, index) for op in ops]
-        await self._settle(keys=index.keys, args=[_encode({"ops": encoded, "slot": slot})])
+        closed: list[Any] = await self._settle(
+            keys=index.keys, args=[_encode({"ops": encoded, "slot": slot})]
+        )
+        return [index.keys[int(i) - 1] for i in closed]
+
+    async def breaker_failure(self, key: str, threshold: int) -> BreakerState:
+        return _breaker_state(await self._breaker(keys=[key], args=["fail", threshold]))
+
+    async def breaker_reset(self, key: str) -> BreakerState:
+        return _breaker_state(await self._breaker(keys=[key], args=["reset"]))
 
     async def renew(self, slots: Sequence[tuple[str, str]]) -> None:
         if slots:
@@ -99,22 +113,30 @@ def _check(check: Check, index: _KeyIndex) -> list[Any]:
         return ["b", index(check.key), check.capacity, check.cost]
     if isinstance(check, SlotCheck):
         return ["c", index(check.key), check.limit]
+    if isinstance(check, BreakerCheck):
+        return ["k", index(check.key), check.reset_ms, check.probes, check.probe_ttl_ms]
     return ["q", index(check.key), check.limit, check.reserve]
 
 
 def _op(op: SettleOp, index: _KeyIndex) -> list[Any]:
-    if isinstance(op, AdjustBucket):
-        return ["b", index(op.key), op.capacity, op.delta]
-    if isinstance(op, ReleaseSlot):
-        return ["c", index(op.key)]
-    if isinstance(op, SettleQuota):
-        return ["q", index(op.key), op.reserved, op.actual]
-    if isinstance(op, Increment):
-        return ["i", index(op.key), op.field, op.amount]
-    if isinstance(op, SetField):
-        return ["n" if op.only_if_missing else "s", index(op.key), op.field, op.value]
-    assert isinstance(op, Expire)
-    return ["x", index(op.key), op.seconds]
+    """One settle op as settle_v2.lua reads it."""
+    key = index(op.key)
+    match op:
+        case AdjustBucket():
+            row: list[Any] = ["b", key, op.capacity, op.delta]
+        case ReleaseSlot():
+            row = ["c", key]
+        case SettleQuota():
+            row = ["q", key, op.reserved, op.actual]
+        case Increment():
+            row = ["i", key, op.field, op.amount]
+        case SetField():
+            row = ["n" if op.only_if_missing else "s", key, op.field, op.value]
+        case BreakerSuccess():
+            row = ["k", key]
+        case Expire():
+            row = ["x", key, op.seconds]
+    return row
 
 
 def _report(tenant: Sequence[Check], rows: list[Any]) -> tuple[BucketState, ...]:
@@ -124,6 +146,10 @@ def _report(tenant: Sequence[Check], rows: list[Any]) -> tuple[BucketState, ...]
         remaining = max(0, math.floor(float(level)))
         states.append(BucketState(check.capacity, remaining, int(reset_ms) / 1000))
     return tuple(states)
+
+
+def _breaker_state(reply: list[Any]) -> BreakerState:
+    return BreakerState(int(reply[0]), int(reply[1]), _text(reply[2]))
 
 
 def _text(value: bytes | str) -> str:

@@ -15,6 +15,8 @@ import redis.asyncio as aioredis
 from policies.admission import (
     AdjustBucket,
     AdmissionRequest,
+    BreakerCheck,
+    BreakerSuccess,
     BucketCheck,
     Increment,
     QuotaCheck,
@@ -199,3 +201,89 @@ async def test_usage_fields_add_up_and_first_seen_sticks(store: Store) -> None:
     usage = await store.read(key)
     assert usage == {"prompt_tokens": "14", "usd": "0.5", "first_seen": "100", "last_seen": "200"}
     assert await store.read("missing") == {}
+
+
+@pytest.fixture
+def age_field(store: Store) -> Callable[[str, str, float], Awaitable[None]]:
+    async def move(key: str, field: str, ms: float) -> None:
+        if isinstance(store, MemoryStore):
+            fields = store.hashes[key]
+            fields[field] = repr(float(fields[field]) - ms)
+        else:
+            await store.client.hincrbyfloat(key, field, -ms)
+
+    return move
+
+
+BREAKER = BreakerCheck("b:up/m", reset_ms=30_000, probes=1, probe_ttl_ms=60_000)
+
+
+async def test_breaker_opens_at_the_threshold_and_refuses_until_reset(store: Store) -> None:
+    for expected in (1, 2):
+        state = await store.breaker_failure(BREAKER.key, 3)
+        assert (state.state, state.failures, state.transition) == (0, expected, "")
+    opened = await store.breaker_failure(BREAKER.key, 3)
+    assert (opened.state, opened.transition) == (2, "open")
+    refused = await store.admit(one("a", candidates=((BREAKER,),)))
+    assert not refused.admitted and refused.only_breakers
+    assert refused.wait_s is not None and 29 < refused.wait_s <= 30
+    again = await store.breaker_failure(BREAKER.key, 3)
+    assert again.transition == "" and again.state == 2
+
+
+async def test_half_open_lets_exactly_the_probes_through_then_closes(
+    store: Store, age_field: Callable
+) -> None:  # type: ignore[type-arg]
+    for _ in range(2):
+        await store.breaker_failure(BREAKER.key, 2)
+    await age_field(BREAKER.key, "o", 30_001)
+    probe = await store.admit(one("p1", candidates=((BREAKER,),)))
+    assert probe.admitted and probe.probe == "half_open"
+    second = await store.admit(one("p2", candidates=((BREAKER,),)))
+    assert not second.admitted, "half_open_max_calls = 1: one probe at a time"
+    closed = await store.settle("p1", [BreakerSuccess(BREAKER.key)])
+    assert closed == [BREAKER.key]
+    after = await store.admit(one("p3", candidates=((BREAKER,),)))
+    assert after.admitted and after.probe == ""
+
+
+async def test_a_failed_probe_opens_the_breaker_again(store: Store, age_field: Callable) -> None:  # type: ignore[type-arg]
+    await store.breaker_failure(BREAKER.key, 1)
+    await age_field(BREAKER.key, "o", 30_001)
+    assert (await store.admit(one("p1", candidates=((BREAKER,),)))).probe == "half_open"
+    reopened = await store.breaker_failure(BREAKER.key, 5)
+    assert (reopened.state, reopened.transition) == (2, "open")
+    assert not (await store.admit(one("p2", candidates=((BREAKER,),)))).admitted
+
+
+async def test_a_probe_whose_worker_died_is_forgotten(store: Store, age_field: Callable) -> None:  # type: ignore[type-arg]
+    await store.breaker_failure(BREAKER.key, 1)
+    await age_field(BREAKER.key, "o", 30_001)
+    assert (await store.admit(one("lost", candidates=((BREAKER,),)))).admitted
+    assert not (await store.admit(one("p2", candidates=((BREAKER,),)))).admitted
+    await age_field(BREAKER.key, "h", 60_001)
+    retried = await store.admit(one("p3", candidates=((BREAKER,),)))
+    assert retried.admitted and retried.probe == "probe"
+
+
+async def test_success_forgets_failures_and_reset_closes(store: Store) -> None:
+    await store.breaker_failure(BREAKER.key, 3)
+    await store.breaker_failure(BREAKER.key, 3)
+    assert await store.settle("s", [BreakerSuccess(BREAKER.key)]) == []
+    assert (await store.breaker_failure(BREAKER.key, 3)).failures == 1
+    for _ in range(2):
+        await store.breaker_failure(BREAKER.key, 3)
+    reset = await store.breaker_reset(BREAKER.key)
+    assert (reset.state, reset.transition) == (0, "closed")
+    assert (await store.admit(one("x", candidates=((BREAKER,),)))).admitted
+
+
+async def test_an_open_breaker_moves_the_request_to_the_next_target(store: Store) -> None:
+    other = BreakerCheck("b:backup/m", 30_000, 1, 60_000)
+    await store.breaker_failure(BREAKER.key, 1)
+    decision = await store.admit(one("x", candidates=((BREAKER,), (other,))))
+    assert decision.admitted and decision.candidate == 1
+    limited = BucketCheck("p:rpm", 1, 1)
+    await store.admit(one("y", candidates=((limited,),)))
+    mixed = await store.admit(one("z", candidates=((BREAKER,), (limited,))))
+    assert not mixed.admitted and not mixed.only_breakers

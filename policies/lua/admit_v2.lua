@@ -1,4 +1,5 @@
--- admit_v1: admit one request against every limit that applies, all or nothing.
+-- admit_v2: admit one request against every limit that applies, all or nothing, and pick the
+-- first candidate target whose provider has room and whose circuit breaker lets it through.
 --
 -- ARGV[1] is JSON: {"groups": [[check, ...], ...], "slot": "<id>", "lease_ms": N}
 -- Group 1 (the tenant) must pass whole; of the groups after it (one per candidate target's
@@ -7,11 +8,21 @@
 -- A check is one of:
 --   {"b", key_index, capacity, cost}   token bucket holding `capacity`, refilled at capacity/60 per s
 --   {"c", key_index, limit}            concurrency: a sorted set of slot leases scored by expiry
---   {"q", key_index, limit, reserve, reason}  quota: hash {spent, reserved}; spent+reserved+reserve <= limit
+--   {"q", key_index, limit, reserve}   quota: hash {spent, reserved}; spent+reserved+reserve <= limit
+--   {"k", key_index, reset_ms, probes, probe_ttl_ms}  circuit breaker: hash {s, f, o, p, h}
+--        s state (0 closed, 1 half-open, 2 open), f consecutive failures, o opened at (ms),
+--        p probes let through while half-open, h half-open since (ms). Closed passes; open passes
+--        once reset_ms has gone by, turning half-open with this request as its first probe;
+--        half-open passes while fewer than `probes` probes are out (probes older than
+--        probe_ttl_ms are forgotten, so a probe whose worker died cannot wedge the breaker).
 -- Buckets are hashes {v = level, t = last update in ms}; the level may go below zero after a
 -- settlement debits more than was reserved. Time comes from Redis, never from the caller.
--- Returns {1, chosen_group, {level, wait_ms} per bucket of group 1}
---      or {0, failed_group, failed_check, wait_ms}.
+-- Returns {1, chosen_group, {level, wait_ms} per bucket of group 1, probe}
+--      or {0, 1, failed_check, wait_ms}            (the tenant's group refused)
+--      or {0, 2, only_breakers, wait_ms}           (no candidate: 1 when every one was refused
+--                                                    by its breaker, else 0)
+-- `probe` is "half_open" when the chosen target's breaker turned half-open, "probe" when the
+-- request is a half-open probe, else "".
 
 local spec = cjson.decode(ARGV[1])
 local clock = redis.call('TIME')
@@ -24,6 +35,21 @@ local function bucket_level(key, capacity)
   local elapsed = now - updated
   if elapsed < 0 then elapsed = 0 end
   return math.min(capacity, level + elapsed * capacity / 60000)
+end
+
+local function breaker(key, reset_ms, probes, probe_ttl_ms)
+  local state = redis.call('HMGET', key, 's', 'o', 'p', 'h')
+  local s = tonumber(state[1]) or 0
+  if s == 0 then return true, 0, nil end
+  if s == 2 then
+    local ready = (tonumber(state[2]) or 0) + reset_ms
+    if now < ready then return false, ready - now, nil end
+    return true, 0, 'half_open'
+  end
+  local out = tonumber(state[3]) or 0
+  if now - (tonumber(state[4]) or 0) > probe_ttl_ms then out = 0 end
+  if out < probes then return true, 0, 'probe' end
+  return false, 1000, nil
 end
 
 -- Returns ok, wait_ms, and the value to write if admitted.
@@ -40,6 +66,8 @@ local function evaluate(check)
     if redis.call('ZCARD', key) < check[3] then return true, 0, nil end
     local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     return false, math.max(1, tonumber(first[2]) - now), nil
+  elseif kind == 'k' then
+    return breaker(key, check[3], check[4], check[5])
   else
     local state = redis.call('HMGET', key, 'spent', 'reserved')
     local used = (tonumber(state[1]) or 0) + (tonumber(state[2]) or 0)
@@ -52,12 +80,13 @@ local function try_group(group)
   local results = {}
   for i, check in ipairs(group) do
     local ok, wait, value = evaluate(check)
-    if not ok then return false, i, wait end
+    if not ok then return false, i, wait, check[1] end
     results[i] = value
   end
   return true, results
 end
 
+local probe = ''
 local function commit(group, results)
   for i, check in ipairs(group) do
     local kind, key = check[1], KEYS[check[2]]
@@ -67,6 +96,18 @@ local function commit(group, results)
     elseif kind == 'c' then
       redis.call('ZADD', key, now + spec.lease_ms, spec.slot)
       redis.call('PEXPIRE', key, spec.lease_ms * 2)
+    elseif kind == 'k' then
+      if results[i] == 'half_open' then
+        redis.call('HSET', key, 's', 1, 'p', 1, 'h', now)
+      elseif results[i] == 'probe' then
+        local state = redis.call('HMGET', key, 'p', 'h')
+        if now - (tonumber(state[2]) or 0) > check[5] then
+          redis.call('HSET', key, 'p', 1, 'h', now)
+        else
+          redis.call('HINCRBY', key, 'p', 1)
+        end
+      end
+      probe = results[i] or probe
     else
       redis.call('HINCRBYFLOAT', key, 'reserved', check[4])
     end
@@ -78,16 +119,17 @@ local ok, tenant_results, wait = try_group(groups[1])
 if not ok then return {0, 1, tenant_results, wait} end
 
 local chosen, chosen_results = nil, nil
-local shortest = nil
+local shortest, only_breakers = nil, 1
 for g = 2, #groups do
-  local passed, results, group_wait = try_group(groups[g])
+  local passed, results, group_wait, kind = try_group(groups[g])
   if passed then
     chosen, chosen_results = g, results
     break
   end
+  if kind ~= 'k' then only_breakers = 0 end
   if shortest == nil or (group_wait >= 0 and group_wait < shortest) then shortest = group_wait end
 end
-if #groups > 1 and chosen == nil then return {0, 2, 0, shortest} end
+if #groups > 1 and chosen == nil then return {0, 2, only_breakers, shortest} end
 
 commit(groups[1], tenant_results)
 if chosen ~= nil then commit(groups[chosen], chosen_results) end
@@ -99,4 +141,4 @@ for i, check in ipairs(groups[1]) do
     report[#report + 1] = {tostring(level), math.ceil((check[3] - level) * 60000 / check[3])}
   end
 end
-return {1, chosen or 0, report}
+return {1, chosen or 0, report, probe}

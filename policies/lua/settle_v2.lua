@@ -1,4 +1,4 @@
--- settle_v1: settle one finished request, and account for it, in one atomic step.
+-- settle_v2: settle one finished request, and account for it, in one atomic step.
 --
 -- ARGV[1] is JSON: {"ops": [op, ...], "slot": "<id>"}. An op is one of:
 --   {"b", key_index, capacity, delta}   move a token bucket by -delta after refilling it
@@ -9,12 +9,15 @@
 --   {"s", key_index, field, value}      set a hash field (e.g. last_seen)
 --   {"n", key_index, field, value}      set a hash field only if it is not set yet (first_seen)
 --   {"x", key_index, seconds}           let a key expire after `seconds` (0: never)
--- Time comes from Redis. Returns the server time in ms.
+--   {"k", key_index}                    a call at this target succeeded: a half-open breaker
+--                                       closes, a closed one forgets its failures
+-- Time comes from Redis. Returns the keys (indices) of breakers that closed.
 
 local spec = cjson.decode(ARGV[1])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
+local closed = {}
 for _, op in ipairs(spec.ops) do
   local kind, key = op[1], KEYS[op[2]]
   if kind == 'b' then
@@ -38,8 +41,17 @@ for _, op in ipairs(spec.ops) do
     redis.call('HSET', key, op[3], op[4])
   elseif kind == 'n' then
     redis.call('HSETNX', key, op[3], op[4])
+  elseif kind == 'k' then
+    local state = redis.call('HMGET', key, 's', 'f')
+    local s = tonumber(state[1]) or 0
+    if s == 1 then
+      redis.call('HSET', key, 's', 0, 'f', 0, 'p', 0)
+      closed[#closed + 1] = op[2]
+    elseif s == 0 and (tonumber(state[2]) or 0) > 0 then
+      redis.call('HSET', key, 'f', 0)
+    end
   elseif kind == 'x' then
     if op[3] > 0 then redis.call('EXPIRE', key, op[3]) else redis.call('PERSIST', key) end
   end
 end
-return now
+return closed
