@@ -9,9 +9,12 @@ from litestar import MediaType, Request, Response, get, post
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.response import Stream
 
-from gateway.chat import TRACE_HEADERS, ChatService, RequestRecord, StreamReply
+from gateway.chat import ChatService
+from gateway.chat_input import TRACE_HEADERS
 from gateway.errors import GatewayError, RequestTooLarge
 from gateway.http import error_response, gateway_of, request_id_for, tenant_of
+from gateway.record import RequestRecord
+from gateway.relay import StreamReply
 
 _CHAT_HEADERS = ("x-task-id", *TRACE_HEADERS)
 _encode = msgspec.json.encode

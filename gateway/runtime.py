@@ -14,6 +14,7 @@ from gateway.key_guard import KeyGuard
 from gateway.secret import key_hash, stored_key_hash
 from gateway.tenants import TenantDirectory
 from policies.admission import AdmissionStore
+from policies.breakers import Breakers
 from policies.keys import Keys
 from policies.limiter import Limiter, Limits
 from policies.memory_store import MemoryStore
@@ -87,11 +88,14 @@ def _limiter(config: Config, redis: aioredis.Redis | None, workers: int) -> Limi
         if p.rpm is not None or p.tpm is not None or p.max_concurrency is not None
     }
     max_tokens = config.server.default_max_tokens
+    # A half-open probe is forgotten once it has outlived any request (its worker died).
+    probe_ttl_s = config.server.request_timeout_s + 5
     if redis is None or config.redis is None:
-        return Limiter(MemoryStore(), Keys(), limits, max_tokens)
+        keys = Keys()
+        return Limiter(MemoryStore(), keys, limits, max_tokens, Breakers(keys, config.breaker, probe_ttl_s))
+    keys = Keys(config.redis.prefix)
     lease_ms = int(config.redis.slot_lease_s * 1000)
     store: AdmissionStore = RedisStore(redis, lease_ms)
     share = 1.0 / workers if config.redis.on_failure == "open" else None
-    return Limiter(
-        store, Keys(config.redis.prefix), limits, max_tokens, fallback_share=share, lease_ms=lease_ms
-    )
+    breakers = Breakers(keys, config.breaker, probe_ttl_s)
+    return Limiter(store, keys, limits, max_tokens, breakers, fallback_share=share, lease_ms=lease_ms)

@@ -33,5 +33,9 @@ class Keys:
         """A tenant's usage in one budget period (``2026-11-29``, ``2026-11`` or ``total``)."""
         return f"{self.tag}:t:{tenant}:usage:{period}"
 
+    def breaker(self, target: str) -> str:
+        """A target's (``provider/model``) circuit breaker."""
+        return f"{self.tag}:b:{target}"
+
     def task(self, tenant: str, task_id: str) -> str:
         return f"{self.tag}:t:{tenant}:task:{task_id}"

@@ -24,7 +24,7 @@ from functools import partial
 
 from redis.exceptions import RedisError
 
-from gateway.errors import RateLimited, StateUnavailable
+from gateway.errors import GatewayError, RateLimited, StateUnavailable, UpstreamFailure, UpstreamUnavailable
 from gateway.tenants import Tenant
 from policies.admission import (
     LEASE_MS,
@@ -38,6 +38,7 @@ from policies.admission import (
     SettleOp,
     SlotCheck,
 )
+from policies.breakers import Breakers
 from policies.durations import go_duration
 from policies.keys import Keys
 from policies.memory_store import MemoryStore
@@ -64,10 +65,19 @@ class Ticket:
     store: AdmissionStore
     reserved_tokens: int
     tenant: tuple[Check, ...]
-    providers: list[tuple[Check, ...]] = field(default_factory=list)
+    held: list[Held] = field(default_factory=list)
+    """The targets admitted for this request's attempts, in order."""
     target_index: int = 0
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One attempt's admission at a target: its provider's checks (breaker included)."""
+
+    target: str
+    checks: tuple[Check, ...]
 
 
 class StateHealth:
@@ -92,11 +102,13 @@ class Limiter:
         keys: Keys,
         providers: dict[str, Limits],
         default_max_tokens: int,
+        breakers: Breakers,
         *,
         fallback_share: float | None = None,
         lease_ms: int = LEASE_MS,
     ) -> None:
         self._store = store
+        self.breakers = breakers
         self._keys = keys
         self._providers = providers
         self._default_max_tokens = default_max_tokens
@@ -112,49 +124,96 @@ class Limiter:
     def shared(self) -> bool:
         return not isinstance(self._store, MemoryStore)
 
+    @property
+    def store(self) -> AdmissionStore:
+        return self._store
+
     async def admit(
         self, tenant: Tenant, targets: Sequence[Target], reserve_tokens: int, slot: str
     ) -> Ticket:
-        """Reserve capacity for one request, or raise ``RateLimited`` / ``StateUnavailable``."""
+        """Reserve capacity for one request at the first target that can take it.
+
+        Raises ``RateLimited`` (tenant or provider limits), ``UpstreamUnavailable`` (every
+        target's breaker is open) or ``StateUnavailable`` (Redis away, ``on_failure = "closed"``).
+        """
         request = self._request(tenant, targets, reserve_tokens, slot, 1.0)
         store: AdmissionStore = self._store
         try:
-            decision = await self._decide(store, request)
+            decision = await store.admit(request)
         except (RedisError, OSError) as exc:
             self.health.mark(False, exc)
             if self._fallback is None or self._share is None:
                 raise StateUnavailable("the gateway's shared state (Redis) is unreachable") from None
             store, request = self._fallback, self._request(tenant, targets, reserve_tokens, slot, self._share)
-            decision = await self._decide(store, request)
+            decision = await store.admit(request)
         else:
             self.health.mark(True)
         ticket = Ticket(slot, store, reserve_tokens, request.tenant, target_index=decision.candidate)
         ticket.headers = _rate_headers(request.tenant, decision)
         if not decision.admitted:
-            raise _refusal(tenant, request, decision, ticket.headers)
-        if request.candidates:
-            ticket.providers.append(request.candidates[decision.candidate])
+            raise _refusal(tenant, decision, ticket.headers)
+        self._took(ticket, targets[decision.candidate], request.candidates[decision.candidate], decision)
         self._hold(ticket)
         return ticket
 
-    async def settle(self, ticket: Ticket, used_tokens: int, extra: Sequence[SettleOp] = ()) -> None:
-        """Settle to the tokens actually used (0 when the call failed); never raises."""
+    async def admit_next(self, ticket: Ticket, targets: Sequence[Target]) -> int:
+        """Admit a retry at the first of ``targets`` whose provider and breaker let it through."""
+        request = AdmissionRequest(
+            slot=ticket.slot,
+            tenant=(),
+            candidates=tuple(self._target_checks(t, ticket.reserved_tokens, 1.0) for t in targets),
+        )
+        try:
+            decision = await ticket.store.admit(request)
+        except (RedisError, OSError) as exc:
+            self.health.mark(False, exc)
+            raise StateUnavailable("the gateway's shared state (Redis) is unreachable") from None
+        if not decision.admitted:
+            raise _refusal(None, decision, ticket.headers)
+        self._took(ticket, targets[decision.candidate], request.candidates[decision.candidate], decision)
+        self._hold(ticket)
+        return decision.candidate
+
+    async def failed(self, ticket: Ticket, target: str, failure: UpstreamFailure) -> None:
+        """Record a failed attempt against the target's breaker (when the failure counts)."""
+        if not failure.breaker_failure:
+            return
+        try:
+            await self.breakers.failure(ticket.store, target)
+        except (RedisError, OSError) as exc:
+            self.health.mark(False, exc)
+
+    async def settle(self, ticket: Ticket, used_tokens: int, upstream_answered: bool) -> None:
+        """Settle to the tokens actually used (0 when the call failed); never raises.
+
+        ``upstream_answered``: the last attempt got an answer (success, or an error that is not
+        the upstream's fault), which closes a half-open breaker.
+        """
         if ticket.settled:
             return
         ticket.settled = True
         self._in_flight.pop(ticket.slot, None)
-        ops = [*_settle_ops(ticket.tenant, used_tokens - ticket.reserved_tokens)]
-        for i, group in enumerate(ticket.providers):
-            used = used_tokens if i == len(ticket.providers) - 1 else 0
-            ops.extend(_settle_ops(group, used - ticket.reserved_tokens))
-        ops.extend(extra)
+        ops = _settle_ops(ticket.tenant, used_tokens - ticket.reserved_tokens)
+        for i, held in enumerate(ticket.held):
+            last = i == len(ticket.held) - 1
+            ops.extend(_settle_ops(held.checks, (used_tokens if last else 0) - ticket.reserved_tokens))
+        if ticket.held and upstream_answered:
+            ops.append(self.breakers.success(ticket.held[-1].target))
         if not ops:
             return
         try:
-            await ticket.store.settle(ticket.slot, ops)
+            closed = await ticket.store.settle(ticket.slot, ops)
         except (RedisError, OSError) as exc:
             self.health.mark(False, exc)
             self._pending.append((ticket.slot, ops))
+            return
+        if closed and ticket.held:
+            self.breakers.transitioned(ticket.held[-1].target, "closed")
+
+    def _took(self, ticket: Ticket, target: Target, checks: tuple[Check, ...], decision: Decision) -> None:
+        ticket.held.append(Held(target.name, checks))
+        if decision.probe == "half_open":
+            self.breakers.transitioned(target.name, "half_open")
 
     def start(self) -> None:
         """Start renewing in-flight slot leases (and replaying settlements kept during an outage)."""
@@ -187,26 +246,21 @@ class Limiter:
     ) -> AdmissionRequest:
         limits = Limits(tenant.rpm, tenant.tpm, tenant.max_concurrency)
         checks = _checks(partial(self._keys.tenant, tenant.name), limits, reserve, share)
-        candidates = tuple(self._provider_checks(t.provider_name, reserve, share) for t in targets)
-        if not any(candidates):
-            candidates = ()
+        candidates = tuple(self._target_checks(t, reserve, share) for t in targets)
         return AdmissionRequest(slot=slot, tenant=checks, candidates=candidates)
 
-    def _provider_checks(self, provider: str, reserve: int, share: float) -> tuple[Check, ...]:
-        limits = self._providers.get(provider)
+    def _target_checks(self, target: Target, reserve: int, share: float) -> tuple[Check, ...]:
+        """The provider's limits (if any) and the target's breaker."""
+        limits = self._providers.get(target.provider_name)
+        breaker = self.breakers.check(target.name)
         if limits is None:
-            return ()
-        return _checks(partial(self._keys.provider, provider), limits, reserve, share)
-
-    async def _decide(self, store: AdmissionStore, request: AdmissionRequest) -> Decision:
-        if not request.tenant and not request.candidates:
-            return Decision(True)
-        return await store.admit(request)
+            return (breaker,)
+        return (*_checks(partial(self._keys.provider, target.provider_name), limits, reserve, share), breaker)
 
     def _hold(self, ticket: Ticket) -> None:
         slots = [
             (c.key, ticket.slot)
-            for group in (ticket.tenant, *ticket.providers)
+            for group in (ticket.tenant, *(held.checks for held in ticket.held))
             for c in group
             if isinstance(c, SlotCheck)
         ]
@@ -269,23 +323,26 @@ def _rate_headers(tenant: Sequence[Check], decision: Decision) -> dict[str, str]
     return headers
 
 
-def _refusal(
-    tenant: Tenant, request: AdmissionRequest, decision: Decision, headers: dict[str, str]
-) -> RateLimited:
-    failed = decision.failed
-    if failed is None:
-        reason, message = "provider", "every provider that serves this model is at its rate limit"
-    elif isinstance(failed, SlotCheck):
-        reason, message = "concurrency", f"tenant {tenant.name!r} is at its max_concurrency of {failed.limit}"
-    else:
-        assert isinstance(failed, BucketCheck)
-        kind = "tpm" if failed.tokens else "rpm"
-        reason, message = kind, f"tenant {tenant.name!r} is over its {kind} limit of {failed.capacity}"
+def _refusal(tenant: Tenant | None, decision: Decision, headers: dict[str, str]) -> GatewayError:
+    """The error for a refused admission: 429 for limits, 503 when only breakers refused."""
     wait = decision.wait_s if decision.wait_s is not None else 1.0
     retry = {
         "retry-after": str(max(1, math.ceil(wait))),
         "retry-after-ms": str(max(1, math.ceil(wait * 1000))),
     }
+    failed = decision.failed
+    if failed is None and decision.only_breakers:
+        message = "every target of this model has an open circuit breaker"
+        return UpstreamUnavailable(message, headers={**headers, **retry})
+    name = tenant.name if tenant else "?"
+    if failed is None:
+        reason, message = "provider", "every provider that serves this model is at its rate limit"
+    elif isinstance(failed, SlotCheck):
+        reason, message = "concurrency", f"tenant {name!r} is at its max_concurrency of {failed.limit}"
+    else:
+        assert isinstance(failed, BucketCheck)
+        kind = "tpm" if failed.tokens else "rpm"
+        reason, message = kind, f"tenant {name!r} is over its {kind} limit of {failed.capacity}"
     return RateLimited(message, reason=reason, headers={**headers, **retry})
 
 

@@ -36,7 +36,7 @@ MS_PER_MINUTE = 60_000
 
 
 def _now_ms() -> float:
-    return time.monotonic() * 1000
+    return time.time() * 1000  # wall clock, like Redis TIME (jumps back are treated as no time passing)
 
 
 class MemoryStore:

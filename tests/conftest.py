@@ -16,16 +16,32 @@ UPSTREAM_KEY = "sk-upstream-secret-e2e-4242424242"
 ANTHROPIC_KEY = "sk-ant-secret-e2e-4343434343"
 
 
-def gateway_config(upstream_url: str, **server: object) -> str:
-    """The end-to-end config: an OpenAI-type and an Anthropic-type target on the mock upstream."""
+def toml_table(values: dict[str, object]) -> str:
+    return "\n".join(f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {v}" for k, v in values.items())
+
+
+def gateway_config(
+    upstream_url: str,
+    *,
+    retry: dict[str, object] | None = None,
+    breaker: dict[str, object] | None = None,
+    **server: object,
+) -> str:
+    """The end-to-end config: an OpenAI-type and an Anthropic-type target on the mock upstream.
+
+    By default one attempt per request and breakers that never open, so that tests of single
+    failures see exactly them; resilience tests pass their own ``retry`` and ``breaker`` tables.
+    """
     settings = {"admin_key": ADMIN_KEY, "request_timeout_s": 5, "invalid_keys_per_minute": 10000, **server}
-    server_lines = "\n".join(
-        f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in settings.items()
-    )
-    server_lines = server_lines.replace("'", '"')
     return f"""
 [server]
-{server_lines}
+{toml_table(settings)}
+
+[retry]
+{toml_table(retry or {"attempts": 1})}
+
+[breaker]
+{toml_table(breaker or {"failure_threshold": 1000000})}
 
 [[providers]]
 name = "up"

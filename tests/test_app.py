@@ -11,7 +11,7 @@ import gateway
 import providers
 from gateway import errors
 from gateway.app import create_app
-from gateway.chat import parse_head
+from gateway.chat_input import parse_head
 from gateway.config import Config, ModelConfig, ProviderConfig, ServerConfig, TargetConfig, TenantConfig
 from gateway.devmode import dev_config
 from gateway.secret import Secret, key_hash

@@ -1,0 +1,40 @@
+"""Reading a chat request: only the fields the gateway needs, with a 400 that names what is wrong."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from gateway.errors import InvalidRequest
+from providers.base import ChatHead
+
+TASK_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+TRACE_HEADERS = ("traceparent", "tracestate")
+_decode_head = msgspec.json.Decoder(ChatHead).decode
+_MISSING_FIELD = re.compile(r"Object missing required field `([^`]+)`")
+
+
+def parse_head(body: bytes) -> ChatHead:
+    """The fields the gateway reads, or a 400 naming what is wrong."""
+    try:
+        return _decode_head(body)
+    except msgspec.ValidationError as exc:
+        message, _, where = str(exc).partition(" - at `$")
+        param = where.rstrip("`").lstrip(".") or None
+        missing = _MISSING_FIELD.match(message)
+        if missing:
+            param = f"{param}.{missing.group(1)}" if param else missing.group(1)
+        detail = message[:1].lower() + message[1:]
+        raise InvalidRequest(f"invalid request body: {detail}", param=param) from None
+    except msgspec.DecodeError:
+        raise InvalidRequest("the request body is not valid JSON") from None
+
+
+def task_id_of(value: str | None) -> str | None:
+    """A valid ``X-Task-Id`` or None; 400 for anything else."""
+    if value is None:
+        return None
+    if not TASK_ID.fullmatch(value):
+        raise InvalidRequest("X-Task-Id must be 1-128 characters of [A-Za-z0-9._:-]", param="X-Task-Id")
+    return value
