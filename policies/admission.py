@@ -40,11 +40,21 @@ class SlotCheck:
 
 @dataclass(frozen=True, slots=True)
 class QuotaCheck:
-    """A spend limit: spent + reserved + ``reserve`` must stay within ``limit``."""
+    """A spend limit on a usage hash: ``spent`` + ``reserved`` + ``reserve`` must stay within ``limit``.
+
+    ``spent`` is the accounting field the settlement adds actual usage to (``usd``, ``tokens``);
+    ``reserved`` holds what admitted, unsettled requests may still spend.
+    """
 
     key: str
     limit: float
     reserve: float
+    spent: str
+    reserved: str
+    reason: str = "budget"
+    """Why a refusal happened, for the error and metrics: ``budget`` or ``task_budget``."""
+    resets_in_s: float | None = None
+    """When the budget period ends (None: waiting will not help)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +116,12 @@ class ReleaseSlot:
 
 
 @dataclass(frozen=True, slots=True)
-class SettleQuota:
+class ReleaseReservation:
+    """Give back what a quota reservation held (the actual spend is an ``Increment``)."""
+
     key: str
-    reserved: float
-    actual: float
+    field: str
+    amount: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +152,7 @@ class BreakerSuccess:
     key: str
 
 
-SettleOp = AdjustBucket | ReleaseSlot | SettleQuota | Increment | SetField | Expire | BreakerSuccess
+SettleOp = AdjustBucket | ReleaseSlot | ReleaseReservation | Increment | SetField | Expire | BreakerSuccess
 
 
 @dataclass(frozen=True, slots=True)

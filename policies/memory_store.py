@@ -25,10 +25,10 @@ from policies.admission import (
     Decision,
     Expire,
     Increment,
+    ReleaseReservation,
     ReleaseSlot,
     SetField,
     SettleOp,
-    SettleQuota,
     SlotCheck,
 )
 
@@ -164,7 +164,7 @@ class MemoryStore:
             passes, wait, _ = self._breaker_verdict(check, now)
             return None if passes else wait / 1000
         usage = self.hashes.get(check.key, {})
-        used = float(usage.get("spent", 0)) + float(usage.get("reserved", 0))
+        used = float(usage.get(check.spent, 0)) + float(usage.get(check.reserved, 0))
         return None if used + check.reserve <= check.limit else -1.0
 
     def _breaker_verdict(self, check: BreakerCheck, now: float) -> tuple[bool, float, str]:
@@ -194,7 +194,7 @@ class MemoryStore:
             elif isinstance(check, BreakerCheck):
                 probe = self._take_probe(check, now) or probe
             else:
-                self._add(check.key, "reserved", check.reserve)
+                self._add(check.key, check.reserved, check.reserve)
         return tuple(report), probe
 
     def _take_probe(self, check: BreakerCheck, now: float) -> str:
@@ -218,9 +218,8 @@ class MemoryStore:
             self.buckets[op.key] = (level, now)
         elif isinstance(op, ReleaseSlot):
             self.slots.get(op.key, {}).pop(slot, None)
-        elif isinstance(op, SettleQuota):
-            self._add(op.key, "reserved", -op.reserved)
-            self._add(op.key, "spent", op.actual)
+        elif isinstance(op, ReleaseReservation):
+            self._add(op.key, op.field, -op.amount)
         elif isinstance(op, Increment):
             self._add(op.key, op.field, op.amount)
         elif isinstance(op, SetField):

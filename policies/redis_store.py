@@ -29,10 +29,10 @@ from policies.admission import (
     Decision,
     Expire,
     Increment,
+    ReleaseReservation,
     ReleaseSlot,
     SetField,
     SettleOp,
-    SettleQuota,
     SlotCheck,
 )
 
@@ -115,7 +115,7 @@ def _check(check: Check, index: _KeyIndex) -> list[Any]:
         return ["c", index(check.key), check.limit]
     if isinstance(check, BreakerCheck):
         return ["k", index(check.key), check.reset_ms, check.probes, check.probe_ttl_ms]
-    return ["q", index(check.key), check.limit, check.reserve]
+    return ["q", index(check.key), check.limit, check.reserve, check.spent, check.reserved]
 
 
 def _op(op: SettleOp, index: _KeyIndex) -> list[Any]:
@@ -126,8 +126,8 @@ def _op(op: SettleOp, index: _KeyIndex) -> list[Any]:
             row: list[Any] = ["b", key, op.capacity, op.delta]
         case ReleaseSlot():
             row = ["c", key]
-        case SettleQuota():
-            row = ["q", key, op.reserved, op.actual]
+        case ReleaseReservation():
+            row = ["q", key, op.field, op.amount]
         case Increment():
             row = ["i", key, op.field, op.amount]
         case SetField():

@@ -2,7 +2,7 @@
 
 Attempts are counted across targets (``retry.attempts`` in all). A retry first goes to a target
 not tried yet, at once; going back to a target already tried waits an exponential backoff with
-full jitter (uniform in [0, min(max_delay, base_delay × 2^n)]), and at least the upstream's
+full jitter (uniform in [0, min(max_delay, base_delay * 2^n)]), and at least the upstream's
 ``retry-after``. No wait may end past the request's deadline: then the last failure stands.
 """
 

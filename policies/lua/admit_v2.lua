@@ -8,7 +8,8 @@
 -- A check is one of:
 --   {"b", key_index, capacity, cost}   token bucket holding `capacity`, refilled at capacity/60 per s
 --   {"c", key_index, limit}            concurrency: a sorted set of slot leases scored by expiry
---   {"q", key_index, limit, reserve}   quota: hash {spent, reserved}; spent+reserved+reserve <= limit
+--   {"q", key_index, limit, reserve, spent_field, reserved_field}
+--                                      quota on a usage hash: spent + reserved + reserve <= limit
 --   {"k", key_index, reset_ms, probes, probe_ttl_ms}  circuit breaker: hash {s, f, o, p, h}
 --        s state (0 closed, 1 half-open, 2 open), f consecutive failures, o opened at (ms),
 --        p probes let through while half-open, h half-open since (ms). Closed passes; open passes
@@ -69,7 +70,7 @@ local function evaluate(check)
   elseif kind == 'k' then
     return breaker(key, check[3], check[4], check[5])
   else
-    local state = redis.call('HMGET', key, 'spent', 'reserved')
+    local state = redis.call('HMGET', key, check[5], check[6])
     local used = (tonumber(state[1]) or 0) + (tonumber(state[2]) or 0)
     if used + check[4] <= check[3] then return true, 0, nil end
     return false, -1, nil
@@ -109,7 +110,7 @@ local function commit(group, results)
       end
       probe = results[i] or probe
     else
-      redis.call('HINCRBYFLOAT', key, 'reserved', check[4])
+      redis.call('HINCRBYFLOAT', key, check[6], check[4])
     end
   end
 end

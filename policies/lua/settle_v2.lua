@@ -4,7 +4,7 @@
 --   {"b", key_index, capacity, delta}   move a token bucket by -delta after refilling it
 --                                       (delta = actual - reserved: a refund when negative)
 --   {"c", key_index}                    free this request's concurrency slot
---   {"q", key_index, reserved, actual}  a quota: release the reservation, record what was spent
+--   {"q", key_index, field, amount}     a quota: release `amount` of the reservation in `field`
 --   {"i", key_index, field, amount}     add `amount` to a hash field (usage accounting)
 --   {"s", key_index, field, value}      set a hash field (e.g. last_seen)
 --   {"n", key_index, field, value}      set a hash field only if it is not set yet (first_seen)
@@ -33,8 +33,7 @@ for _, op in ipairs(spec.ops) do
   elseif kind == 'c' then
     redis.call('ZREM', key, spec.slot)
   elseif kind == 'q' then
-    redis.call('HINCRBYFLOAT', key, 'reserved', -op[3])
-    redis.call('HINCRBYFLOAT', key, 'spent', op[4])
+    redis.call('HINCRBYFLOAT', key, op[3], -op[4])
   elseif kind == 'i' then
     redis.call('HINCRBYFLOAT', key, op[3], op[4])
   elseif kind == 's' then

@@ -20,9 +20,9 @@ from policies.admission import (
     BucketCheck,
     Increment,
     QuotaCheck,
+    ReleaseReservation,
     ReleaseSlot,
     SetField,
-    SettleQuota,
     SlotCheck,
 )
 from policies.memory_store import MemoryStore
@@ -168,15 +168,17 @@ async def test_settlement_refunds_and_debits(store: Store) -> None:
 
 
 async def test_quota_reserves_then_settles_to_actual(store: Store) -> None:
-    quota = QuotaCheck("t:usage", 10, 4)
+    quota = QuotaCheck("t:usage", 10, 4, "usd", "usd_reserved")
     assert (await store.admit(one("a", quota))).admitted
     assert (await store.admit(one("b", quota))).admitted
     refused = await store.admit(one("c", quota))
     assert not refused.admitted and refused.failed == quota and refused.wait_s is None
-    await store.settle("a", [SettleQuota("t:usage", 4, 1.5)])
+    await store.settle(
+        "a", [ReleaseReservation("t:usage", "usd_reserved", 4), Increment("t:usage", "usd", 1.5)]
+    )
     assert (await store.admit(one("c", quota))).admitted
     usage = await store.read("t:usage")
-    assert float(usage["spent"]) == 1.5 and float(usage["reserved"]) == 8
+    assert float(usage["usd"]) == 1.5 and float(usage["usd_reserved"]) == 8
 
 
 async def test_a_clock_that_jumps_back_refills_nothing(store: Store, age: Age) -> None:
