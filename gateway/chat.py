@@ -19,6 +19,7 @@ from gateway.record import RequestRecord
 from gateway.relay import OpenedStream, StreamReply, open_stream, relay
 from gateway.runtime import Gateway
 from gateway.tenants import Tenant
+from policies.accounting import Charge, budget_checks, usage_ops
 from policies.limiter import Limiter, Ticket, new_slot_id
 from policies.retry import RetryPolicy
 from policies.routing import ModelRoute, Target
@@ -54,10 +55,15 @@ class ChatService:
         record.task_id = task_id_of(headers.get("x-task-id"))
         head = parse_head(body)
         record.model = head.model
-        targets = self.route_for(tenant, head.model).plan()
+        route = self.route_for(tenant, head.model)
+        targets = route.plan()
         prompt = estimate_prompt_tokens(head.messages)
-        reserve = prompt + (head.output_limit or self._default_max_tokens)
-        ticket = await self._limiter.admit(tenant, targets, reserve, new_slot_id())
+        completion_limit = head.output_limit or self._default_max_tokens
+        reserve = prompt + completion_limit
+        quotas = budget_checks(
+            self._limiter.keys, tenant, record.task_id, (reserve, route.cost_usd(prompt, completion_limit))
+        )
+        ticket = await self._limiter.admit(tenant, targets, reserve, new_slot_id(), quotas)
         record.rate_headers = ticket.headers
         request = AdmittedRequest(
             body=body,
@@ -68,6 +74,7 @@ class ChatService:
             ticket=ticket,
             limiter=self._limiter,
             prompt_estimate=prompt,
+            route=route,
         )
         targets = targets[ticket.target_index :] + targets[: ticket.target_index]
         try:
@@ -142,6 +149,7 @@ class AdmittedRequest:
     ticket: Ticket
     limiter: Limiter
     prompt_estimate: int
+    route: ModelRoute
     upstream_answered: bool = True
 
     def attempt(self, target: Target) -> ChatCall:
@@ -176,5 +184,22 @@ class AdmittedRequest:
             usage = Usage(self.prompt_estimate, completion_estimate)
             self.record.estimated = True
         self.record.usage = usage
-        used = usage.prompt_tokens + usage.completion_tokens if usage else 0
-        await self.limiter.settle(self.ticket, used, self.upstream_answered)
+        if usage is None:
+            await self.limiter.settle(self.ticket, 0, self.upstream_answered)
+            return
+        usd = self.route.cost_usd(usage.prompt_tokens, usage.completion_tokens)
+        self.record.usd = usd
+        assert self.record.tenant is not None
+        charge = Charge(
+            self.record.tenant,
+            self.route.name,
+            self.record.task_id,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usd,
+            self.record.estimated,
+        )
+        used = usage.prompt_tokens + usage.completion_tokens
+        await self.limiter.settle(
+            self.ticket, used, self.upstream_answered, usage_ops(self.limiter.keys, charge)
+        )

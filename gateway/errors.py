@@ -112,6 +112,13 @@ class QuotaExceeded(GatewayError):
     error_type = "insufficient_quota"
     code = "insufficient_quota"
 
+    def __init__(
+        self, message: str, *, reason: str = "budget", headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message, headers=headers)
+        self.reason = reason
+        """Which limit: ``budget`` or ``task_budget``."""
+
 
 class StateUnavailable(GatewayError):
     status = 503

@@ -27,6 +27,7 @@ class RequestRecord:
     error_code: str | None = None
     ttft_ms: float | None = None
     usage: Usage | None = None
+    usd: float = 0.0
     estimated: bool = False
     rate_headers: dict[str, str] = field(default_factory=dict)
     failures: list[tuple[str, str]] = field(default_factory=list)

@@ -24,7 +24,14 @@ from functools import partial
 
 from redis.exceptions import RedisError
 
-from gateway.errors import GatewayError, RateLimited, StateUnavailable, UpstreamFailure, UpstreamUnavailable
+from gateway.errors import (
+    GatewayError,
+    QuotaExceeded,
+    RateLimited,
+    StateUnavailable,
+    UpstreamFailure,
+    UpstreamUnavailable,
+)
 from gateway.tenants import Tenant
 from policies.admission import (
     LEASE_MS,
@@ -34,6 +41,8 @@ from policies.admission import (
     BucketCheck,
     Check,
     Decision,
+    QuotaCheck,
+    ReleaseReservation,
     ReleaseSlot,
     SettleOp,
     SlotCheck,
@@ -108,6 +117,7 @@ class Limiter:
         lease_ms: int = LEASE_MS,
     ) -> None:
         self._store = store
+        self.keys = keys
         self.breakers = breakers
         self._keys = keys
         self._providers = providers
@@ -129,14 +139,19 @@ class Limiter:
         return self._store
 
     async def admit(
-        self, tenant: Tenant, targets: Sequence[Target], reserve_tokens: int, slot: str
+        self,
+        tenant: Tenant,
+        targets: Sequence[Target],
+        reserve_tokens: int,
+        slot: str,
+        quotas: tuple[QuotaCheck, ...] = (),
     ) -> Ticket:
         """Reserve capacity for one request at the first target that can take it.
 
         Raises ``RateLimited`` (tenant or provider limits), ``UpstreamUnavailable`` (every
         target's breaker is open) or ``StateUnavailable`` (Redis away, ``on_failure = "closed"``).
         """
-        request = self._request(tenant, targets, reserve_tokens, slot, 1.0)
+        request = self._request(tenant, targets, reserve_tokens, slot, 1.0, *quotas)
         store: AdmissionStore = self._store
         try:
             decision = await store.admit(request)
@@ -144,7 +159,8 @@ class Limiter:
             self.health.mark(False, exc)
             if self._fallback is None or self._share is None:
                 raise StateUnavailable("the gateway's shared state (Redis) is unreachable") from None
-            store, request = self._fallback, self._request(tenant, targets, reserve_tokens, slot, self._share)
+            request = self._request(tenant, targets, reserve_tokens, slot, self._share, *quotas)
+            store = self._fallback
             decision = await store.admit(request)
         else:
             self.health.mark(True)
@@ -183,7 +199,9 @@ class Limiter:
         except (RedisError, OSError) as exc:
             self.health.mark(False, exc)
 
-    async def settle(self, ticket: Ticket, used_tokens: int, upstream_answered: bool) -> None:
+    async def settle(
+        self, ticket: Ticket, used_tokens: int, upstream_answered: bool, extra: Sequence[SettleOp] = ()
+    ) -> None:
         """Settle to the tokens actually used (0 when the call failed); never raises.
 
         ``upstream_answered``: the last attempt got an answer (success, or an error that is not
@@ -199,6 +217,12 @@ class Limiter:
             ops.extend(_settle_ops(held.checks, (used_tokens if last else 0) - ticket.reserved_tokens))
         if ticket.held and upstream_answered:
             ops.append(self.breakers.success(ticket.held[-1].target))
+        ops.extend(
+            ReleaseReservation(c.key, c.reserved, c.reserve)
+            for c in ticket.tenant
+            if isinstance(c, QuotaCheck)
+        )
+        ops.extend(extra)
         if not ops:
             return
         try:
@@ -242,10 +266,16 @@ class Limiter:
         return True
 
     def _request(
-        self, tenant: Tenant, targets: Sequence[Target], reserve: int, slot: str, share: float
+        self,
+        tenant: Tenant,
+        targets: Sequence[Target],
+        reserve: int,
+        slot: str,
+        share: float,
+        *quotas: QuotaCheck,
     ) -> AdmissionRequest:
         limits = Limits(tenant.rpm, tenant.tpm, tenant.max_concurrency)
-        checks = _checks(partial(self._keys.tenant, tenant.name), limits, reserve, share)
+        checks = (*_checks(partial(self._keys.tenant, tenant.name), limits, reserve, share), *quotas)
         candidates = tuple(self._target_checks(t, reserve, share) for t in targets)
         return AdmissionRequest(slot=slot, tenant=checks, candidates=candidates)
 
@@ -335,6 +365,8 @@ def _refusal(tenant: Tenant | None, decision: Decision, headers: dict[str, str])
         message = "every target of this model has an open circuit breaker"
         return UpstreamUnavailable(message, headers={**headers, **retry})
     name = tenant.name if tenant else "?"
+    if isinstance(failed, QuotaCheck):
+        return _quota_refusal(name, failed, headers)
     if failed is None:
         reason, message = "provider", "every provider that serves this model is at its rate limit"
     elif isinstance(failed, SlotCheck):
@@ -344,6 +376,15 @@ def _refusal(tenant: Tenant | None, decision: Decision, headers: dict[str, str])
         kind = "tpm" if failed.tokens else "rpm"
         reason, message = kind, f"tenant {name!r} is over its {kind} limit of {failed.capacity}"
     return RateLimited(message, reason=reason, headers={**headers, **retry})
+
+
+def _quota_refusal(tenant: str, failed: QuotaCheck, headers: dict[str, str]) -> QuotaExceeded:
+    what = "budget" if failed.reason == "budget" else "task_max_tokens"
+    message = f"tenant {tenant!r} has used up its {what}"
+    retry = {}
+    if failed.resets_in_s is not None:
+        retry = {"retry-after": str(max(1, math.ceil(failed.resets_in_s)))}
+    return QuotaExceeded(message, reason=failed.reason, headers={**headers, **retry})
 
 
 def new_slot_id() -> str:
