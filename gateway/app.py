@@ -14,7 +14,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
-from gateway import routes_ops, routes_v1
+from gateway import routes_admin, routes_ops, routes_v1
 from gateway.chat import ChatService
 from gateway.config import Config
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, RequestTooLarge
@@ -53,7 +53,7 @@ def create_app(config: Config, gateway: Gateway | None = None, workers: int = 1)
     """The ASGI app serving ``config``; ``workers`` is how many processes serve it together."""
     gateway = gateway or Gateway.build(config, workers)
     return Litestar(
-        route_handlers=[*routes_v1.ROUTES, *routes_ops.ROUTES],
+        route_handlers=[*routes_v1.ROUTES, *routes_ops.ROUTES, routes_admin.ADMIN],
         state=State({"gateway": gateway, "chat": ChatService(gateway)}),
         before_send=[add_request_id],
         exception_handlers={Exception: _framework_error},

@@ -33,6 +33,9 @@ class JsonFormatter(logging.Formatter):
             entry.update(fields)
         if record.exc_info and record.exc_info[0] is not None:
             entry["exc_type"] = record.exc_info[0].__name__
+            # Only unexpected errors are logged with exc_info; their traceback (code locations,
+            # no local values) is what an operator needs to report them.
+            entry["traceback"] = self.formatException(record.exc_info)[-4000:]
         return _encode(entry).decode()
 
 

@@ -12,6 +12,7 @@ from redis.backoff import NoBackoff
 from gateway.config import Config
 from gateway.key_guard import KeyGuard
 from gateway.secret import key_hash, stored_key_hash
+from gateway.tenant_store import MemoryTenantStore, RedisTenantStore, TenantStore
 from gateway.tenants import TenantDirectory
 from policies.admission import AdmissionStore
 from policies.breakers import Breakers
@@ -44,12 +45,16 @@ class Gateway:
         providers = {p.name: build_provider(p) for p in config.providers}
         admin = config.server.admin_key
         redis = _redis_client(config)
+        limiter = _limiter(config, redis, workers)
+        store: TenantStore = (
+            RedisTenantStore(redis, limiter.keys) if redis is not None else MemoryTenantStore()
+        )
         return cls(
             config=config,
             providers=providers,
             routes=build_routes(config.models, providers),
-            tenants=TenantDirectory(config.tenants),
-            limiter=_limiter(config, redis, workers),
+            tenants=TenantDirectory(config.tenants, store),
+            limiter=limiter,
             redis=redis,
             admin_key_hash=stored_key_hash(admin.reveal()) if admin is not None else None,
             key_guard=KeyGuard(config.server.invalid_keys_per_minute),
@@ -60,8 +65,10 @@ class Gateway:
 
     async def start(self) -> None:
         self.limiter.start()
+        self.tenants.start()
 
     async def aclose(self) -> None:
+        await self.tenants.stop()
         await self.limiter.stop()
         await asyncio.gather(*(p.aclose() for p in self.providers.values()))
         if self.redis is not None:
