@@ -14,7 +14,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
-from gateway import routes_admin, routes_ops, routes_v1
+from gateway import observe, routes_admin, routes_ops, routes_v1, tracing
 from gateway.chat import ChatService
 from gateway.config import Config
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, RequestTooLarge
@@ -52,14 +52,16 @@ def _framework_error(request: Request[Any, Any, Any], exc: Exception) -> Respons
 def create_app(config: Config, gateway: Gateway | None = None, workers: int = 1) -> Litestar:
     """The ASGI app serving ``config``; ``workers`` is how many processes serve it together."""
     gateway = gateway or Gateway.build(config, workers)
+    observe.attach(gateway)
     return Litestar(
         route_handlers=[*routes_v1.ROUTES, *routes_ops.ROUTES, routes_admin.ADMIN],
         state=State({"gateway": gateway, "chat": ChatService(gateway)}),
         before_send=[add_request_id],
+        middleware=[observe.middleware],
         exception_handlers={Exception: _framework_error},
         request_max_body_size=config.server.max_body_bytes,
         on_startup=[gateway.start],
-        on_shutdown=[gateway.aclose],
+        on_shutdown=[gateway.aclose, tracing.flush],
         openapi_config=OpenAPIConfig(title="modelgate", version="0.1.0", path="/schema"),
         logging_config=None,
     )

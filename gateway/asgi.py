@@ -10,6 +10,7 @@ import os
 
 from litestar import Litestar
 
+from gateway import shutdown, tracing
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.logs import configure_logging
@@ -18,4 +19,6 @@ from gateway.logs import configure_logging
 def app_from_env() -> Litestar:
     config = load_config(os.environ["MODELGATE_CONFIG"])
     configure_logging(config.server.log_level)
+    tracing.configure_from_env()
+    shutdown.mark_on_signals()
     return create_app(config, workers=int(os.environ.get("MODELGATE_WORKERS", "1")))

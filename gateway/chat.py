@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from gateway import observe
 from gateway.chat_input import TRACE_HEADERS, parse_head, task_id_of
 from gateway.errors import GatewayError, ModelNotAllowed, ModelNotFound, UpstreamFailure, UpstreamTimeout
 from gateway.record import RequestRecord
@@ -63,7 +64,7 @@ class ChatService:
         quotas = budget_checks(
             self._limiter.keys, tenant, record.task_id, (reserve, route.cost_usd(prompt, completion_limit))
         )
-        ticket = await self._limiter.admit(tenant, targets, reserve, new_slot_id(), quotas)
+        ticket = await observe.admission(self._limiter.admit(tenant, targets, reserve, new_slot_id(), quotas))
         record.rate_headers = ticket.headers
         request = AdmittedRequest(
             body=body,
@@ -83,28 +84,23 @@ class ChatService:
                 return StreamReply(relay(opened, request))
             completion = await self._attempts(targets, request, _complete_at(request))
         except BaseException:
-            await request.settle(None, 0)
+            await observe.settle(request, None, 0, succeeded=False)
             raise
-        await request.settle(completion.usage, len(completion.body) // CHARS_PER_TOKEN)
+        await observe.settle(request, completion.usage, len(completion.body) // CHARS_PER_TOKEN)
         return completion
 
     async def _attempts(
         self, targets: list[Target], request: AdmittedRequest, call: Callable[[Target], Awaitable[T]]
     ) -> T:
         """Try targets under the retry policy: the admitted one first, then fallbacks and retries."""
-        tried: set[str] = set()
-        index, repeats = 0, 0
+        retry_at: dict[str, float] = {}  # tried target -> earliest loop time it may be called again
+        index = 0
         last: UpstreamFailure | None = None
         for attempt in range(self._retry.attempts):
             if attempt > 0:
                 assert last is not None
-                order = targets[index + 1 :] + targets[: index + 1]
-                if all(t.name in tried for t in order):
-                    repeats += 1
-                    await request.wait(self._retry.backoff(repeats, last.retry_after_s), last)
-                index = targets.index(order[await request.admit_next(order, last)])
+                index = await self._next_target(targets, index, retry_at, request, last)
             target = targets[index]
-            tried.add(target.name)
             try:
                 return await call(target)
             except UpstreamFailure as failure:
@@ -112,8 +108,38 @@ class ChatService:
                 if not failure.retryable:
                     raise
                 last = failure
+                retry_at[target.name] = asyncio.get_running_loop().time() + (failure.retry_after_s or 0.0)
         assert last is not None
         raise last
+
+    async def _next_target(
+        self,
+        targets: list[Target],
+        index: int,
+        retry_at: dict[str, float],
+        request: AdmittedRequest,
+        last: UpstreamFailure,
+    ) -> int:
+        """The target of the next attempt: an untried one at once if any is admitted, else a tried
+        one after the backoff and its own ``retry-after``."""
+        order = targets[index + 1 :] + targets[: index + 1]
+        untried = [t for t in order if t.name not in retry_at]
+        if untried:
+            chosen = await request.try_admit(untried)
+            if chosen is not None:
+                return targets.index(untried[chosen])
+        repeat = (
+            request.record.attempts - len(retry_at) + 1
+        )  # how many times we have gone back, this one included
+        loop = asyncio.get_running_loop()
+        ready = min(retry_at[t.name] for t in order if t.name in retry_at) - loop.time()
+        await request.wait(max(self._retry.backoff(repeat), ready), last)
+        now = loop.time()
+        candidates = [t for t in order if retry_at.get(t.name, 0.0) <= now]
+        chosen = await request.try_admit(candidates) if candidates else None
+        if chosen is None:
+            raise last
+        return targets.index(candidates[chosen])
 
 
 def _complete_at(request: AdmittedRequest) -> Callable[[Target], Awaitable[Completion]]:
@@ -156,10 +182,11 @@ class AdmittedRequest:
         """Count an upstream attempt at ``target`` and the call it makes."""
         self.record.attempts += 1
         self.record.target = target.name
-        return ChatCall(self.body, self.head, target.upstream_model, self.trace)
+        trace = self.record.began(target.name, self.trace)
+        return ChatCall(self.body, self.head, target.upstream_model, trace)
 
     async def failed(self, target: Target, failure: UpstreamFailure) -> None:
-        self.record.failures.append((target.name, failure.code))
+        self.record.attempt_failed(target.name, failure)
         self.upstream_answered = not failure.breaker_failure
         await self.limiter.failed(self.ticket, target.name, failure)
 
@@ -169,12 +196,12 @@ class AdmittedRequest:
             raise last
         await asyncio.sleep(delay)
 
-    async def admit_next(self, targets: list[Target], last: UpstreamFailure) -> int:
-        """Admission for a retry; when no target can take it, the last failure stands."""
+    async def try_admit(self, targets: list[Target]) -> int | None:
+        """Admission for a retry at the first of ``targets`` that can take it; None if none can."""
         try:
             return await self.limiter.admit_next(self.ticket, targets)
         except GatewayError:
-            raise last from None
+            return None
 
     async def settle(self, usage: Usage | None, completion_estimate: int) -> None:
         """Settle the admission to what was used: the upstream's usage, else an estimate."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway.config import Config, ConfigError, load_config
 
@@ -62,7 +64,7 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway import server
+    from gateway import server, tracing
     from gateway.app import create_app
     from gateway.devmode import dev_config
     from gateway.logs import configure_logging
@@ -91,14 +93,23 @@ def _serve(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
     configure_logging(config.server.log_level)
-    options = server.server_options(args.host, args.port)
+    grace_s = getattr(config.server, "shutdown_grace_s", server.DEFAULT_GRACE_S)
+    options = server.server_options(args.host, args.port, grace_s)
     if args.workers > 1:
-        os.environ["MODELGATE_CONFIG"] = str(Path(args.config).resolve())
-        os.environ["MODELGATE_WORKERS"] = str(args.workers)
-        server.run("gateway.asgi:app_from_env", options, workers=args.workers)
-    else:
-        server.run(create_app(config), options)
-    return 0
+        return _serve_workers(args.config, args.workers, options)
+    tracing.configure_from_env()
+    return server.run(create_app(config), options)
+
+
+def _serve_workers(config_path: str, workers: int, options: dict[str, Any]) -> int:
+    """Worker processes that each build the app from the config file and share metrics in files."""
+    from gateway import server
+
+    os.environ["MODELGATE_CONFIG"] = str(Path(config_path).resolve())
+    os.environ["MODELGATE_WORKERS"] = str(workers)
+    with tempfile.TemporaryDirectory(prefix="modelgate-metrics-") as directory:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        return server.run("gateway.asgi:app_from_env", options, workers=workers)
 
 
 def _load_for_serve(path: str) -> Config | int:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gateway import observe
 from gateway.errors import UpstreamFailure, UpstreamTimeout, stream_error_event
 from policies.routing import Target
 from providers.base import ChatCall, ChunkStream
@@ -92,4 +93,4 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncIterator
 async def _finish(stream: ChunkStream, request: AdmittedRequest, relayed: int) -> None:
     """Close the upstream stream and settle (once) to its usage, or to the chunks relayed."""
     await stream.aclose()
-    await request.settle(stream.usage, relayed)
+    await observe.settle(request, stream.usage, relayed)

@@ -15,6 +15,7 @@ import msgspec
 from litestar import MediaType, Request, Response, Router, delete, get, post, put
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath
 
 from gateway.chat_input import TASK_ID
 from gateway.config import BudgetConfig
@@ -91,7 +92,7 @@ def _check_models(gateway: Gateway, models: list[str] | msgspec.UnsetType | None
 
 
 @put("/tenants/{name:str}")
-async def put_tenant(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+async def put_tenant(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
     if not _NAME.fullmatch(name):
         raise InvalidRequest("a tenant name is 1-64 characters of [A-Za-z0-9._:-]", param="name")
     gateway = gateway_of(request)
@@ -108,13 +109,13 @@ def _check_budget(budget: BudgetConfig | msgspec.UnsetType | None) -> None:
 
 
 @get("/tenants/{name:str}")
-async def get_tenant(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+async def get_tenant(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
     gateway = gateway_of(request)
     return _json(await _view(gateway, _tenant(gateway, name)))
 
 
 @put("/tenants/{name:str}/budget")
-async def put_budget(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+async def put_budget(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
     gateway = gateway_of(request)
     _tenant(gateway, name)
     budget = _decode(await request.body(), BudgetConfig)
@@ -124,7 +125,7 @@ async def put_budget(request: Request[Any, Any, Any], name: str) -> Response[byt
 
 
 @post("/tenants/{name:str}/keys")
-async def create_key(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+async def create_key(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
     gateway = gateway_of(request)
     _tenant(gateway, name)
     key_id, key = await gateway.tenants.create_key(name)
@@ -132,7 +133,9 @@ async def create_key(request: Request[Any, Any, Any], name: str) -> Response[byt
 
 
 @delete("/tenants/{name:str}/keys/{key_id:str}", status_code=200)
-async def revoke_key(request: Request[Any, Any, Any], name: str, key_id: str) -> Response[bytes]:
+async def revoke_key(
+    request: Request[Any, Any, Any], name: FromPath[str], key_id: FromPath[str]
+) -> Response[bytes]:
     gateway = gateway_of(request)
     _tenant(gateway, name)
     if not await gateway.tenants.revoke(name, key_id):
@@ -141,7 +144,7 @@ async def revoke_key(request: Request[Any, Any, Any], name: str, key_id: str) ->
 
 
 @get("/tasks/{task_id:str}")
-async def get_task(request: Request[Any, Any, Any], task_id: str) -> Response[bytes]:
+async def get_task(request: Request[Any, Any, Any], task_id: FromPath[str]) -> Response[bytes]:
     if not TASK_ID.fullmatch(task_id):
         raise InvalidRequest("a task id is 1-128 characters of [A-Za-z0-9._:-]", param="task_id")
     gateway = gateway_of(request)
@@ -184,7 +187,9 @@ async def list_breakers(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 @post("/breakers/{provider:str}/{rest:path}", status_code=200)
-async def reset_breaker(request: Request[Any, Any, Any], provider: str, rest: str) -> Response[bytes]:
+async def reset_breaker(
+    request: Request[Any, Any, Any], provider: FromPath[str], rest: FromPath[str]
+) -> Response[bytes]:
     gateway = gateway_of(request)
     model = rest.strip("/").removesuffix("/reset") if rest.endswith("/reset") else None
     target = f"{provider}/{model}"

@@ -77,6 +77,8 @@ class Ticket:
     held: list[Held] = field(default_factory=list)
     """The targets admitted for this request's attempts, in order."""
     target_index: int = 0
+    share: float = 1.0
+    """The part of each limit this request is held to (below 1 on the per-process fallback)."""
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
 
@@ -123,7 +125,7 @@ class Limiter:
         self._providers = providers
         self._default_max_tokens = default_max_tokens
         self._share = fallback_share
-        self._fallback = MemoryStore() if fallback_share is not None else None
+        self._fallback = MemoryStore(lease_ms=lease_ms) if fallback_share is not None else None
         self.health = StateHealth()
         self._in_flight: dict[str, list[tuple[str, str]]] = {}
         self._pending: deque[tuple[str, list[SettleOp]]] = deque(maxlen=PENDING_SETTLEMENTS)
@@ -165,6 +167,8 @@ class Limiter:
         else:
             self.health.mark(True)
         ticket = Ticket(slot, store, reserve_tokens, request.tenant, target_index=decision.candidate)
+        if store is self._fallback and self._share is not None:
+            ticket.share = self._share
         ticket.headers = _rate_headers(request.tenant, decision)
         if not decision.admitted:
             raise _refusal(tenant, decision, ticket.headers)
@@ -177,7 +181,7 @@ class Limiter:
         request = AdmissionRequest(
             slot=ticket.slot,
             tenant=(),
-            candidates=tuple(self._target_checks(t, ticket.reserved_tokens, 1.0) for t in targets),
+            candidates=tuple(self._target_checks(t, ticket.reserved_tokens, ticket.share) for t in targets),
         )
         try:
             decision = await ticket.store.admit(request)
@@ -301,6 +305,8 @@ class Limiter:
         while True:
             await asyncio.sleep(self._renew_every_s)
             slots = [pair for pairs in list(self._in_flight.values()) for pair in pairs]
+            if not slots and not self._pending:
+                continue  # nothing to send: say nothing about Redis' health either
             try:
                 await self._store.renew(slots)
                 await self._replay()

@@ -53,7 +53,9 @@ class MemoryStore:
         now = self._clock()
         failed = self._first_failure(request.tenant, now)
         if failed is not None:
-            return Decision(False, failed=failed[0], wait_s=failed[1])
+            return Decision(
+                False, buckets=self._levels(request.tenant, now), failed=failed[0], wait_s=failed[1]
+            )
         chosen, waits, only_breakers, probe = 0, [], True, ""
         for i, group in enumerate(request.candidates):
             failure = self._first_failure(group, now)
@@ -67,7 +69,8 @@ class MemoryStore:
         else:
             if request.candidates:
                 wait = min(waits) if waits else None
-                return Decision(False, candidate=-1, wait_s=wait, only_breakers=only_breakers)
+                levels = self._levels(request.tenant, now)
+                return Decision(False, candidate=-1, buckets=levels, wait_s=wait, only_breakers=only_breakers)
         report = self._take(request.tenant, request.slot, now)[0]
         return Decision(True, candidate=chosen, buckets=report, probe=probe)
 
@@ -180,6 +183,10 @@ class MemoryStore:
             out = 0
         return (True, 0.0, "probe") if out < check.probes else (False, 1000.0, "")
 
+    def _levels(self, group: Sequence[Check], now: float) -> tuple[BucketState, ...]:
+        """The tenant's buckets as they stand, for the headers of a refusal."""
+        return tuple(_state(c, self._level(c, now)) for c in group if isinstance(c, BucketCheck))
+
     def _take(self, group: Sequence[Check], slot: str, now: float) -> tuple[tuple[BucketState, ...], str]:
         report: list[BucketState] = []
         probe = ""
@@ -187,8 +194,7 @@ class MemoryStore:
             if isinstance(check, BucketCheck):
                 level = self._level(check, now) - min(check.cost, check.capacity)
                 self.buckets[check.key] = (level, now)
-                reset = math.ceil((check.capacity - level) * MS_PER_MINUTE / check.capacity) / 1000
-                report.append(BucketState(check.capacity, max(0, math.floor(level)), reset))
+                report.append(_state(check, level))
             elif isinstance(check, SlotCheck):
                 self._live_slots(check.key, now)[slot] = now + self._lease_ms
             elif isinstance(check, BreakerCheck):
@@ -228,6 +234,11 @@ class MemoryStore:
                 fields[op.field] = op.value
         elif isinstance(op, Expire):
             pass  # nothing in memory outlives the process anyway
+
+
+def _state(check: BucketCheck, level: float) -> BucketState:
+    reset = math.ceil((check.capacity - level) * MS_PER_MINUTE / check.capacity) / 1000
+    return BucketState(check.capacity, max(0, math.floor(level)), reset)
 
 
 def _number(value: float) -> str:

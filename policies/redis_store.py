@@ -81,9 +81,11 @@ class RedisStore:
             return Decision(True, candidate=chosen, buckets=_report(request.tenant, reply[2]), probe=probe)
         wait = int(reply[3])
         wait_s = None if wait < 0 else wait / 1000
+        buckets = _report(request.tenant, reply[4])
         if int(reply[1]) == 1:
-            return Decision(False, failed=request.tenant[int(reply[2]) - 1], wait_s=wait_s)
-        return Decision(False, candidate=-1, wait_s=wait_s, only_breakers=int(reply[2]) == 1)
+            return Decision(False, buckets=buckets, failed=request.tenant[int(reply[2]) - 1], wait_s=wait_s)
+        only_breakers = int(reply[2]) == 1
+        return Decision(False, candidate=-1, buckets=buckets, wait_s=wait_s, only_breakers=only_breakers)
 
     async def settle(self, slot: str, ops: Sequence[SettleOp]) -> list[str]:
         index = _KeyIndex()

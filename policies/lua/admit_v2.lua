@@ -18,10 +18,11 @@
 --        probe_ttl_ms are forgotten, so a probe whose worker died cannot wedge the breaker).
 -- Buckets are hashes {v = level, t = last update in ms}; the level may go below zero after a
 -- settlement debits more than was reserved. Time comes from Redis, never from the caller.
--- Returns {1, chosen_group, {level, wait_ms} per bucket of group 1, probe}
---      or {0, 1, failed_check, wait_ms}            (the tenant's group refused)
---      or {0, 2, only_breakers, wait_ms}           (no candidate: 1 when every one was refused
+-- Returns {1, chosen_group, report, probe}
+--      or {0, 1, failed_check, wait_ms, report}    (the tenant's group refused)
+--      or {0, 2, only_breakers, wait_ms, report}   (no candidate: 1 when every one was refused
 --                                                    by its breaker, else 0)
+-- where report is {level, ms until full} for each bucket of group 1 (after taking, if admitted).
 -- `probe` is "half_open" when the chosen target's breaker turned half-open, "probe" when the
 -- request is a half-open probe, else "".
 
@@ -115,9 +116,20 @@ local function commit(group, results)
   end
 end
 
+local function levels(group)
+  local report = {}
+  for _, check in ipairs(group) do
+    if check[1] == 'b' then
+      local level = bucket_level(KEYS[check[2]], check[3])
+      report[#report + 1] = {tostring(level), math.ceil((check[3] - level) * 60000 / check[3])}
+    end
+  end
+  return report
+end
+
 local groups = spec.groups
 local ok, tenant_results, wait = try_group(groups[1])
-if not ok then return {0, 1, tenant_results, wait} end
+if not ok then return {0, 1, tenant_results, wait, levels(groups[1])} end
 
 local chosen, chosen_results = nil, nil
 local shortest, only_breakers = nil, 1
@@ -130,7 +142,7 @@ for g = 2, #groups do
   if kind ~= 'k' then only_breakers = 0 end
   if shortest == nil or (group_wait >= 0 and group_wait < shortest) then shortest = group_wait end
 end
-if #groups > 1 and chosen == nil then return {0, 2, only_breakers, shortest} end
+if #groups > 1 and chosen == nil then return {0, 2, only_breakers, shortest, levels(groups[1])} end
 
 commit(groups[1], tenant_results)
 if chosen ~= nil then commit(groups[chosen], chosen_results) end
