@@ -7,6 +7,7 @@ directory's refresh bound; the worker that made the change sees it at once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from typing import Any
@@ -16,6 +17,7 @@ from litestar import MediaType, Request, Response, Router, delete, get, post, pu
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
+from redis.exceptions import RedisError
 
 from gateway.chat_input import TASK_ID
 from gateway.config import BudgetConfig
@@ -31,7 +33,11 @@ _USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "tokens", "us
 
 
 async def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Admin key required; then the freshest tenants, so a change made through another worker
+    a moment ago is seen here (one Redis read; a reload only when something changed)."""
     await require_admin(connection)  # type: ignore[arg-type]
+    with contextlib.suppress(RedisError, OSError):
+        await gateway_of(connection).tenants.refresh()  # type: ignore[arg-type]
 
 
 def _json(value: Any, status: int = 200) -> Response[bytes]:

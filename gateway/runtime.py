@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from gateway.config import Config
 from gateway.key_guard import KeyGuard
@@ -64,6 +66,11 @@ class Gateway:
         return self.admin_key_hash is not None and key_hash(key) == self.admin_key_hash
 
     async def start(self) -> None:
+        # Load stored admin changes before serving, so a (re)started worker does not answer with
+        # the file's tenants alone; if Redis does not answer now, the poller catches up later.
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            async with asyncio.timeout(REDIS_COMMAND_TIMEOUT_S * 2):
+                await self.tenants.refresh()
         self.limiter.start()
         self.tenants.start()
 

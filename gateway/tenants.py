@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 from gateway.config import BudgetConfig, PositiveInt, TenantConfig
 from gateway.secret import key_hash, stored_key_hash
 from gateway.tenant_store import StoredState, TenantStore
+from policies.tasks import stop_task
 
 log = logging.getLogger("modelgate.tenants")
 
@@ -137,9 +138,7 @@ class TenantDirectory:
 
     async def stop(self) -> None:
         if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+            await stop_task(self._poller)
             self._poller = None
 
     async def _poll(self) -> None:

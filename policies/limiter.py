@@ -13,7 +13,6 @@ admits on a per-process in-memory store whose limits are this process's share of
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -52,6 +51,7 @@ from policies.durations import go_duration
 from policies.keys import Keys
 from policies.memory_store import MemoryStore
 from policies.routing import Target
+from policies.tasks import stop_task
 
 log = logging.getLogger("modelgate.state")
 
@@ -250,9 +250,7 @@ class Limiter:
 
     async def stop(self) -> None:
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await stop_task(self._renewer)
             self._renewer = None
 
     async def ping(self) -> bool:
