@@ -1,7 +1,8 @@
 """Entry point for server worker processes: builds the app from ``MODELGATE_CONFIG``.
 
 With ``--workers N`` the server imports this factory in each worker process, so every worker
-reads the same validated config file itself.
+reads the same validated config file itself, sets up its own tracing from the ``OTEL_*``
+variables, and marks its drain on SIGTERM for ``/readyz``.
 """
 
 from __future__ import annotations

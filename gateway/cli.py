@@ -46,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     mock.add_argument("--rate-429", type=float, default=0.0)
     mock.add_argument("--chunks", type=int, default=12)
     mock.set_defaults(run=_mock_upstream)
+
+    from client.cli import add_commands  # worker and tasks verbs live with the queue client
+
+    add_commands(commands)
     return parser
 
 
@@ -93,7 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
     configure_logging(config.server.log_level)
-    grace_s = getattr(config.server, "shutdown_grace_s", server.DEFAULT_GRACE_S)
+    grace_s = config.server.shutdown_grace_s
     options = server.server_options(args.host, args.port, grace_s)
     if args.workers > 1:
         return _serve_workers(args.config, args.workers, options)

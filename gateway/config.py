@@ -42,6 +42,7 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     default_max_tokens: PositiveInt = 4096
     invalid_keys_per_minute: PositiveInt = 30
+    shutdown_grace_s: PositiveFloat = 30.0
 
 
 class RedisConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

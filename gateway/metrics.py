@@ -17,6 +17,7 @@ a request without an authenticated tenant has tenant ``unknown``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -117,12 +118,25 @@ INFLIGHT = Gauge(
 )
 
 
+# Labelled children, looked up once per label set: ``labels()`` costs more than the increment itself.
+# Label values are bounded by config and admin data, and the metrics keep every child anyway.
+_requests = functools.cache(REQUESTS.labels)
+_request_duration = functools.cache(REQUEST_DURATION.labels)
+_rate_limited = functools.cache(RATE_LIMITED.labels)
+_tokens = functools.cache(TOKENS.labels)
+_cost = functools.cache(COST.labels)
+_upstream_requests = functools.cache(UPSTREAM_REQUESTS.labels)
+_upstream_duration = functools.cache(UPSTREAM_DURATION.labels)
+_time_to_first_token = functools.cache(TIME_TO_FIRST_TOKEN.labels)
+_retries = functools.cache(RETRIES.labels)
+_breaker_transitions = functools.cache(BREAKER_TRANSITIONS.labels)
+
+
 class LabelSpace:
     """What label values may be: the configured models and their targets."""
 
     def __init__(self, routes: Mapping[str, ModelRoute]) -> None:
         self._routes = dict(routes)
-        self.targets = sorted({t.name for route in self._routes.values() for t in route.targets})
 
     def model(self, name: str | None) -> str:
         return name if name is not None and name in self._routes else UNKNOWN
@@ -149,36 +163,36 @@ def request_done(record: RequestRecord, seconds: float) -> None:
     """Count one finished chat request (called once, by its record)."""
     tenant = record.tenant or UNKNOWN
     model = labels.model(record.model)
-    REQUESTS.labels(tenant, model, str(record.status)).inc()
-    REQUEST_DURATION.labels(model).observe(seconds)
+    _requests(tenant, model, str(record.status)).inc()
+    _request_duration(model).observe(seconds)
     usage = record.usage
     if usage is not None:
-        TOKENS.labels(tenant, model, "prompt").inc(usage.prompt_tokens)
-        TOKENS.labels(tenant, model, "completion").inc(usage.completion_tokens)
-        COST.labels(tenant, model).inc(record.usd)
+        _tokens(tenant, model, "prompt").inc(usage.prompt_tokens)
+        _tokens(tenant, model, "completion").inc(usage.completion_tokens)
+        _cost(tenant, model).inc(record.usd)
     if record.limit_reason in RATE_LIMIT_REASONS:
-        RATE_LIMITED.labels(tenant, record.limit_reason).inc()
+        _rate_limited(tenant, record.limit_reason).inc()
     if record.error_code == "upstream_unavailable" and record.attempts == 0:
         # Admission refused because every target's breaker is open: each target was skipped.
         for target in labels.route_targets(model):
-            UPSTREAM_REQUESTS.labels(target, "breaker_open").inc()
+            _upstream_requests(target, "breaker_open").inc()
 
 
 def breaker_transition(target: str, state: str) -> None:
-    BREAKER_TRANSITIONS.labels(target, state).inc()
+    _breaker_transitions(target, state).inc()
 
 
 def upstream_attempt(target: str, outcome: str, seconds: float) -> None:
-    UPSTREAM_REQUESTS.labels(target, outcome).inc()
-    UPSTREAM_DURATION.labels(target).observe(seconds)
+    _upstream_requests(target, outcome).inc()
+    _upstream_duration(target).observe(seconds)
 
 
 def first_token(target: str, seconds: float) -> None:
-    TIME_TO_FIRST_TOKEN.labels(target).observe(seconds)
+    _time_to_first_token(target).observe(seconds)
 
 
 def retry(target: str, reason: str) -> None:
-    RETRIES.labels(target, reason).inc()
+    _retries(target, reason).inc()
 
 
 def multiprocess_dir() -> Path | None:

@@ -38,20 +38,17 @@ def middleware(app: ASGIApp) -> ASGIApp:
 
     async def observed(scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if path != CHAT_PATH:
+        chat = path == CHAT_PATH
+        if chat:
+            metrics.INFLIGHT.inc()
+        try:
             if tracing.enabled() and path not in UNTRACED_PATHS:
                 await _traced(app, scope, receive, send)
             else:
                 await app(scope, receive, send)
-            return
-        metrics.INFLIGHT.inc()
-        try:
-            if tracing.enabled():
-                await _traced(app, scope, receive, send)
-            else:
-                await app(scope, receive, send)
         finally:
-            metrics.INFLIGHT.dec()
+            if chat:
+                metrics.INFLIGHT.dec()
 
     return observed
 

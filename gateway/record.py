@@ -129,6 +129,7 @@ class RequestRecord:
             "prompt_tokens": self.usage.prompt_tokens if self.usage else None,
             "completion_tokens": self.usage.completion_tokens if self.usage else None,
             "usage_estimated": self.estimated,
+            "cost_usd": self.usd,
             "task_id": self.task_id,
             "error": self.error_code,
         }

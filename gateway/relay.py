@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import anyio
+
 from gateway import observe
 from gateway.errors import UpstreamFailure, UpstreamTimeout, stream_error_event
 from policies.routing import Target
@@ -86,7 +88,10 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncIterator
         await _finish(stream, request, relayed)
         yield stream_error_event(failure)
     finally:
-        await _finish(stream, request, relayed)
+        # A client that left cancels the response task; settling must still happen (the slot,
+        # the tokens, the accounting), so it runs shielded from that cancellation.
+        with anyio.CancelScope(shield=True):
+            await _finish(stream, request, relayed)
         record.emit()
 
 

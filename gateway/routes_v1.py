@@ -34,6 +34,11 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
         record.failed(error, response.status_code or 500)
         record.emit()
         return response
+    except BaseException:
+        # A client gone mid-request (cancelled) or an unexpected error: still counted and logged.
+        record.status, record.error_code = 499 if request.is_connected is False else 500, "aborted"
+        record.emit()
+        raise
     if isinstance(result, StreamReply):
         headers = {**record.headers(), "cache-control": "no-cache", "x-accel-buffering": "no"}
         return Stream(result.events, media_type="text/event-stream", headers=headers)

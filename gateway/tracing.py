@@ -62,11 +62,16 @@ def enabled() -> bool:
 
 
 def current_span() -> Span | None:
-    """The span of the code running now, when tracing is on and there is one."""
+    """The span of the code running now, when tracing is on and it records.
+
+    A request the sampler left out gets no child spans at all (under the usual parent-based
+    sampler they would not record either), and its upstream calls carry the client's trace
+    context as given.
+    """
     if _tracer is None:
         return None
     span = trace.get_current_span()
-    return span if span.get_span_context().is_valid else None
+    return span if span.is_recording() else None
 
 
 def start_server_span(method: str, route: str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> Span:
@@ -139,8 +144,8 @@ def annotate(span: Span, record: RequestRecord) -> str:
 
 
 async def traced(name: str, work: Awaitable[T]) -> T:
-    """Await ``work`` inside a span named ``name`` (a child of the current span), if tracing."""
-    if _tracer is None:
+    """Await ``work`` inside a span named ``name``, a child of the current span if that records."""
+    if _tracer is None or not trace.get_current_span().is_recording():
         return await work
     with _tracer.start_as_current_span(name):
         return await work

@@ -4,7 +4,8 @@
 -- A task over its tenant's fleet-wide limit is deferred (back to the delayed set), not failed.
 -- KEYS: status indexes, task, steps, stream, delayed, tenant_slots, tenant_limits, stats
 -- ARGV: group, entry, worker, token, lease_ms, defer_ms, tenant, history_limit, id
--- Returns {'claimed', task fields, step fields} or {'skip'|'busy'|'deferred'|'dead'}.
+-- Returns {'claimed', {attempt, kind, payload, tenant, cancel}, step fields} or
+-- {'skip'|'busy'|'deferred'|'dead'|'cancelled'}.
 local task, steps, stream, delayed = KEYS[K + 1], KEYS[K + 2], KEYS[K + 3], KEYS[K + 4]
 local slots, limits, stats = KEYS[K + 5], KEYS[K + 6], KEYS[K + 7]
 local group, entry, worker, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -65,4 +66,5 @@ redis.call('HINCRBY', task, 'attempt', 1)
 redis.call('HSET', task, 'token', token, 'worker', worker, 'lease_until', now + lease_ms, 'started', now,
   'step', '')
 set_status(task, id, 'running', now)
-return {'claimed', redis.call('HGETALL', task), redis.call('HGETALL', steps)}
+return {'claimed', redis.call('HMGET', task, 'attempt', 'kind', 'payload', 'tenant', 'cancel'),
+  redis.call('HGETALL', steps)}

@@ -1,6 +1,6 @@
--- Renew a lease: the task's lease_until, the idle time of its stream entry (so XAUTOCLAIM leaves it
--- alone) and its tenant slot. Returns 'lost' when the token is no longer the task's, 'cancel' when a
--- cancel was requested, else 'ok'.
+-- Renew a lease: the task's lease_until, the idle time of its stream entry (so no worker finds it
+-- idle in XPENDING) and its tenant slot. Returns 'lost' when the token is no longer the task's,
+-- 'cancel' when a cancel was requested, else 'ok'.
 -- KEYS: status indexes, task, stream, tenant_slots
 -- ARGV: token, lease_ms, group, worker, id
 local task, stream, slots = KEYS[K + 1], KEYS[K + 2], KEYS[K + 3]
