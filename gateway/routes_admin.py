@@ -1,5 +1,14 @@
 """The admin API: tenants, budgets, keys, task usage and circuit breakers.
 
+    PUT    /admin/tenants/{name}                 create or update a tenant
+    GET    /admin/tenants/{name}                 limits, budget, usage, remaining budget, key ids
+    PUT    /admin/tenants/{name}/budget          set the budget
+    POST   /admin/tenants/{name}/keys            a new key, shown only in this answer
+    DELETE /admin/tenants/{name}/keys/{key_id}   revoke a key
+    GET    /admin/tasks/{task_id}                a task's usage
+    GET    /admin/breakers                       every target's breaker
+    POST   /admin/breakers/{provider}/{model}/reset  close one
+
 Every route needs the admin key; a missing key, a wrong key and a tenant key all get 401.
 Changes are stored (Redis when configured) and reach every worker within the tenant
 directory's refresh bound; the worker that made the change sees it at once.

@@ -17,7 +17,7 @@ import httpx
 import msgspec
 
 from gateway.config import ProviderConfig
-from gateway.errors import UpstreamError, UpstreamFailure, UpstreamRejected
+from gateway.errors import UpstreamError
 from providers.anthropic_translate import (
     AnthropicError,
     AnthropicMessage,
@@ -32,13 +32,11 @@ from providers.anthropic_translate import (
 from providers.base import ChatCall, Completion, Usage
 from providers.chunks import ChunkBuilder
 from providers.http import (
-    MAX_ERROR_BYTES,
     MAX_RESPONSE_BYTES,
-    failure_for_status,
     make_client,
     read_bounded,
+    send_ok,
     sse_data,
-    transport_errors,
 )
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -56,7 +54,7 @@ class AnthropicProvider:
     async def complete(self, call: ChatCall) -> Completion:
         content = anthropic_request(call, stream=False)
         request = self._client.build_request("POST", "/messages", content=content, headers=call.headers)
-        response = await self._send(request)
+        response = await send_ok(self._client, request, openai_error_body)
         try:
             body = await read_bounded(response, MAX_RESPONSE_BYTES)
         finally:
@@ -67,33 +65,11 @@ class AnthropicProvider:
         content = anthropic_request(call, stream=True)
         headers = {**call.headers, "accept": "text/event-stream", "accept-encoding": "identity"}
         request = self._client.build_request("POST", "/messages", content=content, headers=headers)
-        response = await self._send(request)
+        response = await send_ok(self._client, request, openai_error_body)
         return AnthropicChunkStream(response, StreamTranslator(call.upstream_model, call.head.include_usage))
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        with transport_errors():
-            response = await self._client.send(request, stream=True)
-        if response.status_code != 200:
-            try:
-                body = await read_bounded(response, MAX_ERROR_BYTES)
-            except UpstreamError:
-                body = b""
-            finally:
-                await response.aclose()
-            raise _failure(response, body)
-        return response
-
-
-def _failure(response: httpx.Response, body: bytes) -> UpstreamFailure:
-    """The shared status translation, with a passed-back 4xx body reshaped into OpenAI's error form."""
-    failure = failure_for_status(response.status_code, response.headers, body)
-    if isinstance(failure, UpstreamRejected):
-        status = failure.upstream_status
-        return UpstreamRejected(status, openai_error_body(failure.upstream_body, status))
-    return failure
 
 
 # --- Anthropic stream events ---------------------------------------------------------------------

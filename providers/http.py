@@ -7,7 +7,7 @@ and whether the failure counts against the target's circuit breaker.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
@@ -90,6 +90,31 @@ def failure_for_status(status: int, headers: httpx.Headers, body: bytes) -> Upst
             f"the upstream answered {status}", retryable=True, breaker_failure=True, retry_after_s=retry_after
         )
     return UpstreamError(f"the upstream answered an unexpected status {status}")
+
+
+async def send_ok(
+    client: httpx.AsyncClient, request: httpx.Request, reshape: Callable[[bytes, int], bytes] | None = None
+) -> httpx.Response:
+    """Send ``request`` (streaming); any status but 200 becomes its ``UpstreamFailure``.
+
+    ``reshape`` turns a passed-back 4xx body into OpenAI's error form, for upstreams that speak
+    another dialect.
+    """
+    with transport_errors():
+        response = await client.send(request, stream=True)
+    if response.status_code == 200:
+        return response
+    try:
+        body = await read_bounded(response, MAX_ERROR_BYTES)
+    except UpstreamError:
+        body = b""
+    finally:
+        await response.aclose()
+    failure = failure_for_status(response.status_code, response.headers, body)
+    if reshape is not None and isinstance(failure, UpstreamRejected):
+        status = failure.upstream_status
+        failure = UpstreamRejected(status, reshape(failure.upstream_body, status))
+    raise failure
 
 
 def parse_retry_after(headers: httpx.Headers) -> float | None:

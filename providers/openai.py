@@ -17,13 +17,11 @@ from gateway.config import ProviderConfig
 from gateway.errors import InvalidRequest, UpstreamError
 from providers.base import ChatCall, Completion, Usage
 from providers.http import (
-    MAX_ERROR_BYTES,
     MAX_RESPONSE_BYTES,
-    failure_for_status,
     make_client,
     read_bounded,
+    send_ok,
     sse_data,
-    transport_errors,
 )
 
 
@@ -75,7 +73,7 @@ class OpenAIProvider:
         request = self._client.build_request(
             "POST", "/chat/completions", content=upstream_body(call), headers=call.headers
         )
-        response = await self._send(request)
+        response = await send_ok(self._client, request)
         try:
             body = await read_bounded(response, MAX_RESPONSE_BYTES)
         finally:
@@ -91,24 +89,11 @@ class OpenAIProvider:
         request = self._client.build_request(
             "POST", "/chat/completions", content=upstream_body(call), headers=headers
         )
-        response = await self._send(request)
+        response = await send_ok(self._client, request)
         return OpenAIChunkStream(response, call.head.include_usage)
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        with transport_errors():
-            response = await self._client.send(request, stream=True)
-        if response.status_code != 200:
-            try:
-                body = await read_bounded(response, MAX_ERROR_BYTES)
-            except UpstreamError:
-                body = b""
-            finally:
-                await response.aclose()
-            raise failure_for_status(response.status_code, response.headers, body)
-        return response
 
 
 class OpenAIChunkStream:
