@@ -15,6 +15,7 @@ from gateway.errors import GatewayError, RequestTooLarge
 from gateway.http import error_response, gateway_of, request_id_for, tenant_of
 from gateway.record import RequestRecord
 from gateway.relay import StreamReply
+from gateway.tenants import Tenant
 
 _CHAT_HEADERS = ("x-task-id", *TRACE_HEADERS)
 _encode = msgspec.json.encode
@@ -23,6 +24,7 @@ _encode = msgspec.json.encode
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     record = RequestRecord(request_id_for(request.scope))
+    tenant: Tenant | None = None
     try:
         tenant = await tenant_of(request)
         body = await _body(request)
@@ -30,6 +32,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
         chat = cast(ChatService, request.app.state.chat)
         result = await chat.handle(tenant, body, headers, record)
     except GatewayError as error:
+        if (
+            tenant is not None
+            and not record.rate_headers
+            and "x-ratelimit-limit-requests" not in error.headers
+        ):
+            record.rate_headers = await gateway_of(request).limiter.rate_headers(tenant)
         response = error_response(error, record.headers())
         record.failed(error, response.status_code or 500)
         record.emit()
@@ -57,12 +65,16 @@ async def _body(request: Request[Any, Any, Any]) -> bytes:
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     tenant = await tenant_of(request)
+    gateway = gateway_of(request)
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "modelgate"}
-        for name in gateway_of(request).routes
+        for name in gateway.routes
         if tenant.may_use(name)
     ]
-    return Response(content=_encode({"object": "list", "data": data}), media_type=MediaType.JSON)
+    headers = await gateway.limiter.rate_headers(tenant)
+    return Response(
+        content=_encode({"object": "list", "data": data}), media_type=MediaType.JSON, headers=headers
+    )
 
 
 ROUTES = [chat_completions, list_models]

@@ -176,6 +176,24 @@ class Limiter:
         self._hold(ticket)
         return ticket
 
+    async def rate_headers(self, tenant: Tenant) -> dict[str, str]:
+        """The ``x-ratelimit-*`` headers of a tenant's buckets as they stand (one read-only call),
+        for answers given without admission; empty if Redis does not answer."""
+        limits = Limits(tenant.rpm, tenant.tpm, None)
+        buckets = [
+            c
+            for c in _checks(partial(self._keys.tenant, tenant.name), limits, 0, 1.0)
+            if isinstance(c, BucketCheck)
+        ]
+        if not buckets:
+            return {}
+        try:
+            states = await self._store.peek(buckets)
+        except (RedisError, OSError) as exc:
+            self.health.mark(False, exc)
+            return {}
+        return _rate_headers(buckets, Decision(True, buckets=states))
+
     async def admit_next(self, ticket: Ticket, targets: Sequence[Target]) -> int:
         """Admit a retry at the first of ``targets`` whose provider and breaker let it through."""
         request = AdmissionRequest(

@@ -85,6 +85,9 @@ class MemoryStore:
                 self._apply(op, slot, now)
         return closed
 
+    async def peek(self, buckets: Sequence[BucketCheck]) -> tuple[BucketState, ...]:
+        return self._levels(buckets, self._clock())
+
     async def breaker_failure(self, key: str, threshold: int) -> BreakerState:
         fields = self.hashes.setdefault(key, {})
         state, failures = int(fields.get("s", 0)), int(fields.get("f", 0)) + 1

@@ -67,6 +67,7 @@ class RedisStore:
         self._admit = client.register_script(load_script("admit_v2.lua"))
         self._settle = client.register_script(load_script("settle_v2.lua"))
         self._breaker = client.register_script(load_script("breaker_v1.lua"))
+        self._peek = client.register_script(load_script("peek_v1.lua"))
         self._renew = client.register_script(load_script("renew_v1.lua"))
 
     async def admit(self, request: AdmissionRequest) -> Decision:
@@ -94,6 +95,12 @@ class RedisStore:
             keys=index.keys, args=[_encode({"ops": encoded, "slot": slot})]
         )
         return [index.keys[int(i) - 1] for i in closed]
+
+    async def peek(self, buckets: Sequence[BucketCheck]) -> tuple[BucketState, ...]:
+        if not buckets:
+            return ()
+        rows = await self._peek(keys=[b.key for b in buckets], args=[b.capacity for b in buckets])
+        return _report(buckets, rows)
 
     async def breaker_failure(self, key: str, threshold: int) -> BreakerState:
         return _breaker_state(await self._breaker(keys=[key], args=["fail", threshold]))

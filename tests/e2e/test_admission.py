@@ -627,10 +627,6 @@ def test_a_429_carries_the_rate_headers_too(shared: Gateway, upstream: MockUpstr
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="x-ratelimit-* are set only after admission: /v1/models and errors before it lack them",
-)
 def test_every_v1_response_of_a_limited_tenant_carries_the_rate_headers(
     shared: Gateway, upstream: MockUpstream
 ) -> None:

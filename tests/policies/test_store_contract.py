@@ -18,6 +18,7 @@ from policies.admission import (
     BreakerCheck,
     BreakerSuccess,
     BucketCheck,
+    BucketState,
     Increment,
     QuotaCheck,
     ReleaseReservation,
@@ -289,3 +290,14 @@ async def test_an_open_breaker_moves_the_request_to_the_next_target(store: Store
     await store.admit(one("y", candidates=((limited,),)))
     mixed = await store.admit(one("z", candidates=((BREAKER,), (limited,))))
     assert not mixed.admitted and not mixed.only_breakers
+
+
+async def test_peek_reports_levels_and_takes_nothing(store: Store, age: Age) -> None:
+    rpm, tpm = BucketCheck("k:rpm", 600, 1), BucketCheck("k:tpm", 1000, 400, tokens=True)
+    assert await store.peek([rpm, tpm]) == (BucketState(600, 600, 0.0), BucketState(1000, 1000, 0.0))
+    assert (await store.admit(one("a", rpm, tpm))).admitted
+    await age("k:tpm", 6_000)
+    first = await store.peek([rpm, tpm])
+    second = await store.peek([rpm, tpm])
+    assert first[0].remaining == second[0].remaining == 599
+    assert 700 <= first[1].remaining <= second[1].remaining <= 702
