@@ -45,6 +45,8 @@ from loadtest.bench_procs import (
     BENCH_KEY,
     MODEL,
     Process,
+    mock_config,
+    reset_breaker,
     set_mock_latency,
     start_gateway,
     start_mock,
@@ -210,6 +212,7 @@ async def _benchmark(
     started = time.monotonic()
     cells, sent = await _matrix(stack, targets, plan)
     took = time.monotonic() - started
+    breaker = await _breaker_open(stack, gateway, 2.0 if args.quick else 5.0)
     rss_end = stack.gateway.rss_kib()
     other = (
         f"other gateway: {args.other_gateway} (model {args.other_model})"
@@ -231,8 +234,41 @@ async def _benchmark(
         f"gateway worker RSS (VmRSS): {_mib(rss_warm)} after warm-up ({warm:,} requests), "
         f"{_mib(rss_end)} at the end ({warm + sent:,} requests): {growth / 1024:+.1f} MiB "
         f"({100 * growth / rss_warm:+.1f}%)",
+        "",
+        breaker,
     ]
     return "\n".join(lines), cells
+
+
+def _quantile_ms(latencies: list[float], q: float) -> float:
+    ordered = sorted(latencies)
+    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def _breaker_open(stack: Stack, gateway: Target, seconds: float) -> str:
+    """How fast the gateway refuses while its only target's breaker is open (503, no upstream call).
+
+    The mock answers 500 until the breaker opens (5 consecutive failures by default; its reset
+    timeout, 30 s, outlasts the measurement), then the fast failures are timed; at the end the mock
+    is healed and the breaker reset through the admin API."""
+    mock_config(stack.mock_url, mode="status", status=500)
+    try:
+        # Failing requests until the breaker opens (each makes up to retry.attempts calls).
+        await run_load(gateway.url, gateway.request(False), 1, max_requests=6, warmup=0, ok_status=503)
+        rows = []
+        for concurrency in (1, 16):
+            result = await run_load(
+                gateway.url, gateway.request(False), concurrency, seconds, 0.3, ok_status=503
+            )
+            p50, p99 = _quantile_ms(result.latencies, 0.5), _quantile_ms(result.latencies, 0.99)
+            rows.append(
+                f"  c={concurrency}: {result.rate:,.0f} req/s, p50 {p50:.2f} ms, p99 {p99:.2f} ms "
+                f"({result.ok:,} fast 503s, {result.errors} other answers)"
+            )
+    finally:
+        mock_config(stack.mock_url, mode="ok")
+        reset_breaker(stack.gateway_url)
+    return "open breaker, fast failures (whole replies, 0 ms upstream):\n" + "\n".join(rows)
 
 
 async def _memory(stack: Stack, gateway: Target, total: int, concurrency: int) -> str:

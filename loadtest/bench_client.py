@@ -114,6 +114,8 @@ class _Run:
         self.active = 0
         self.idle = asyncio.get_running_loop().create_future()
         self.connections: set[_Connection] = set()
+        self.ok_status = 200
+        """The status that counts as ok (503 when measuring an open breaker's fast failures)."""
 
     def more(self) -> bool:
         """Whether requests are still to be sent."""
@@ -134,7 +136,7 @@ class _Run:
         result = self.result
         result.requests += 1
         result.statuses[status] += 1
-        if status == 200:
+        if status == self.ok_status:
             result.latencies.append(done - sent)
             result.ttfts.append(first - sent)
         self.last_done = done
@@ -188,7 +190,8 @@ class _Connection(asyncio.Protocol):
             done = _now()
             if not self.first:
                 self.first = done
-            ok = self.status == 200 and (self.state != _TRAILER or self.tail.endswith(_DONE_TAIL))
+            complete = self.state != _TRAILER or self.tail.endswith(_DONE_TAIL)
+            ok = self.status == self.run.ok_status and complete
             self.run.record(self.sent, self.first, done, self.status if ok else 0)
             self._next()
 
@@ -272,6 +275,7 @@ async def run_load(
     warmup: float = 0.5,
     max_requests: int | None = None,
     grace_s: float = 60.0,
+    ok_status: int = 200,
 ) -> LoadResult:
     """Drive ``url``'s host with ``request`` on ``concurrency`` connections.
 
@@ -284,6 +288,7 @@ async def run_load(
     started = _now()
     stop_at = started + warmup + seconds if max_requests is None else float("inf")
     run = _Run(request, started + warmup, stop_at, max_requests)
+    run.ok_status = ok_status
     cpu = time.process_time()
     run.active = concurrency
     tasks = [asyncio.create_task(_connection(run, host, port)) for _ in range(concurrency)]

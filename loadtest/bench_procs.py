@@ -144,6 +144,17 @@ def set_mock_latency(mock_url: str, latency_ms: float) -> None:
     response.raise_for_status()
 
 
+def mock_config(mock_url: str, **settings: object) -> None:
+    """Change any of the mock's settings (mode, status, ...) through its control API."""
+    httpx.post(f"{mock_url}/_mock/config", json=settings, timeout=5).raise_for_status()
+
+
+def reset_breaker(gateway_url: str) -> None:
+    """Close the benchmark target's breaker through the admin API."""
+    url = f"{gateway_url}/admin/breakers/mock/{MODEL}/reset"
+    httpx.post(url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=5).raise_for_status()
+
+
 def gateway_config(mock_url: str, redis_url: str, log_level: str) -> str:
     """One tenant with limits far above what the benchmark sends (so admission runs in Redis on
     every request but never refuses), one model whose one target is the mock upstream."""
