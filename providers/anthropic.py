@@ -47,7 +47,7 @@ class AnthropicProvider:
 
     def __init__(self, config: ProviderConfig) -> None:
         headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
-        if config.api_key is not None:
+        if config.api_key is not None and config.api_key.reveal():  # "" (an unset ${VAR:-}) sends none
             headers["x-api-key"] = config.api_key.reveal()
         self._client = make_client(config, headers)
 

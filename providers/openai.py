@@ -65,7 +65,7 @@ class OpenAIProvider:
 
     def __init__(self, config: ProviderConfig) -> None:
         headers = {"content-type": "application/json"}
-        if config.api_key is not None:
+        if config.api_key is not None and config.api_key.reveal():  # "" (an unset ${VAR:-}) sends none
             headers["authorization"] = f"Bearer {config.api_key.reveal()}"
         self._client = make_client(config, headers)
 

@@ -394,3 +394,10 @@ def test_check_config_reports_a_syntax_error() -> None:
     assert result.stderr.splitlines() == [
         "<toml>: Expected '=' after a key in a key/value pair (at line 3, column 16)"
     ]
+
+
+def test_the_example_config_is_valid() -> None:
+    example = Path(__file__).resolve().parent.parent / "modelgate.example.toml"
+    config = parse_config(example.read_text(), {"MODELGATE_ADMIN_KEY": "admin-key-0123456789"})
+    assert [p.name for p in config.providers] == ["openai", "anthropic", "local"]
+    assert config.providers[0].api_key is not None and config.providers[0].api_key.reveal() == ""
