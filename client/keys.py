@@ -26,7 +26,6 @@ import re
 PREFIX = "mgq"
 GROUP = "workers"
 STATUSES = ("queued", "running", "retrying", "waiting_human", "done", "failed", "cancelled", "dead")
-TERMINAL = frozenset({"done", "failed", "cancelled", "dead"})
 
 _NAME = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 

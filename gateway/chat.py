@@ -15,9 +15,9 @@ from typing import TypeVar
 
 from gateway import observe
 from gateway.chat_input import TRACE_HEADERS, parse_head, task_id_of
-from gateway.errors import GatewayError, ModelNotAllowed, ModelNotFound, UpstreamFailure, UpstreamTimeout
+from gateway.errors import GatewayError, ModelNotAllowed, ModelNotFound, UpstreamFailure
 from gateway.record import RequestRecord
-from gateway.relay import OpenedStream, StreamReply, open_stream, relay
+from gateway.relay import OpenedStream, StreamReply, deadline_passed, open_stream, relay
 from gateway.runtime import Gateway
 from gateway.tenants import Tenant
 from policies.accounting import Charge, budget_checks, usage_ops
@@ -149,7 +149,7 @@ def _complete_at(request: AdmittedRequest) -> Callable[[Target], Awaitable[Compl
             async with asyncio.timeout_at(request.deadline):
                 return await target.provider.complete(call)
         except TimeoutError:
-            raise UpstreamTimeout("the request deadline passed", breaker_failure=True) from None
+            raise deadline_passed() from None
 
     return complete
 

@@ -9,7 +9,9 @@ import msgspec
 from gateway.errors import InvalidRequest
 from providers.base import ChatHead
 
-TASK_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+ID_PATTERN = r"[A-Za-z0-9._:-]{1,128}"
+"""Client-chosen ids (``X-Task-Id``, ``X-Request-Id``): safe in keys, metrics and log lines."""
+TASK_ID = re.compile(ID_PATTERN)
 TRACE_HEADERS = ("traceparent", "tracestate")
 _decode_head = msgspec.json.Decoder(ChatHead).decode
 _MISSING_FIELD = re.compile(r"Object missing required field `([^`]+)`")

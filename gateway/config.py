@@ -29,7 +29,9 @@ from gateway.secret import Secret
 PositiveInt = Annotated[int, Meta(gt=0)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
 NonNegativeFloat = Annotated[float, Meta(ge=0)]
-Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+"""Names of tenants, providers and the Redis prefix: they go into keys, metrics and logs."""
+Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 
 PROVIDER_TYPES = ("openai", "anthropic", "mock")
 

@@ -9,11 +9,12 @@ from typing import Any, cast
 from litestar import MediaType, Request, Response
 from litestar.types import Message, Scope
 
+from gateway.chat_input import ID_PATTERN
 from gateway.errors import GatewayError, InvalidApiKey, render
 from gateway.runtime import Gateway
 from gateway.tenants import Tenant
 
-REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+REQUEST_ID = re.compile(ID_PATTERN)
 _SCOPE_REQUEST_ID = "modelgate.request_id"
 
 
@@ -59,24 +60,36 @@ def bearer_key(request: Request[Any, Any, Any]) -> str:
 
 async def tenant_of(request: Request[Any, Any, Any]) -> Tenant:
     """The tenant whose key the request carries, or 401 (429 for an address guessing keys)."""
-    gateway = gateway_of(request)
-    address = request.client.host if request.client else "unknown"
-    gateway.key_guard.check(address)
-    tenant = gateway.tenants.authenticate(bearer_key(request))
+    gateway, key = _presented_key(request)
+    tenant = gateway.tenants.authenticate(key)
     if tenant is None:
-        await gateway.key_guard.failed(address)
-        raise InvalidApiKey("invalid API key")
+        await _refuse(request, gateway, "invalid API key")
+    assert tenant is not None
     return tenant
 
 
 async def require_admin(request: Request[Any, Any, Any]) -> None:
     """401 unless the request carries the admin key (a tenant key is refused like any other)."""
+    gateway, key = _presented_key(request)
+    if not gateway.is_admin_key(key):
+        await _refuse(request, gateway, "invalid admin key")
+
+
+def _address(request: Request[Any, Any, Any]) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def _presented_key(request: Request[Any, Any, Any]) -> tuple[Gateway, str]:
+    """The key a request presents, once its address has passed the key guard."""
     gateway = gateway_of(request)
-    address = request.client.host if request.client else "unknown"
-    gateway.key_guard.check(address)
-    if not gateway.is_admin_key(bearer_key(request)):
-        await gateway.key_guard.failed(address)
-        raise InvalidApiKey("invalid admin key")
+    gateway.key_guard.check(_address(request))
+    return gateway, bearer_key(request)
+
+
+async def _refuse(request: Request[Any, Any, Any], gateway: Gateway, message: str) -> None:
+    """Count a wrong key against its address (429 once over the limit), else 401."""
+    await gateway.key_guard.failed(_address(request))
+    raise InvalidApiKey(message)
 
 
 def error_response(error: GatewayError, extra_headers: dict[str, str] | None = None) -> Response[bytes]:

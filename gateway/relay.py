@@ -43,20 +43,25 @@ class OpenedStream:
     first: bytes | None
 
 
+def deadline_passed(*, breaker_failure: bool = True) -> UpstreamTimeout:
+    """The failure of an upstream call cut by the request's deadline."""
+    return UpstreamTimeout("the request deadline passed", breaker_failure=breaker_failure)
+
+
 async def open_stream(target: Target, call: ChatCall, deadline: float) -> OpenedStream:
     """Open a stream and read its first chunk, all before the deadline."""
     try:
         async with asyncio.timeout_at(deadline):
             stream = await target.provider.stream(call)
     except TimeoutError:
-        raise UpstreamTimeout("the request deadline passed", breaker_failure=True) from None
+        raise deadline_passed() from None
     chunks = aiter(stream)
     try:
         async with asyncio.timeout_at(deadline):
             first = await anext(chunks, None)
     except TimeoutError:
         await stream.aclose()
-        raise UpstreamTimeout("the request deadline passed", breaker_failure=True) from None
+        raise deadline_passed() from None
     except BaseException:
         await stream.aclose()
         raise
@@ -76,7 +81,7 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncIterator
                 async with asyncio.timeout_at(request.deadline):
                     chunk = await anext(chunks, None)
             except TimeoutError:
-                raise UpstreamTimeout("the request deadline passed") from None
+                raise deadline_passed(breaker_failure=False) from None
         await _finish(stream, request, relayed)
         yield b"data: [DONE]\n\n"
     except UpstreamFailure as failure:

@@ -29,7 +29,7 @@ from litestar.params import FromPath
 from redis.exceptions import RedisError
 
 from gateway.chat_input import TASK_ID
-from gateway.config import BudgetConfig
+from gateway.config import NAME_PATTERN, BudgetConfig
 from gateway.errors import InvalidRequest, NotFound
 from gateway.http import gateway_of, require_admin
 from gateway.runtime import Gateway
@@ -37,7 +37,7 @@ from gateway.tenants import Tenant, TenantSettings
 from policies.accounting import period
 
 _encode = msgspec.json.encode
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+_NAME = re.compile(NAME_PATTERN)
 _USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "tokens", "usd", "estimated_requests")
 
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.tenants import Tenant
-from policies.admission import Expire, Increment, QuotaCheck, ReleaseReservation, SetField, SettleOp
+from policies.admission import Expire, Increment, QuotaCheck, SetField, SettleOp
 from policies.keys import Keys
 
 RETAIN_DAY_S = 35 * 86_400
@@ -89,10 +89,6 @@ def budget_checks(
         key = keys.task(tenant.name, task_id)
         checks.append(QuotaCheck(key, task_max_tokens, tokens, "tokens", "tokens_reserved", "task_budget"))
     return tuple(checks)
-
-
-def release_ops(checks: tuple[QuotaCheck, ...]) -> list[SettleOp]:
-    return [ReleaseReservation(c.key, c.reserved, c.reserve) for c in checks]
 
 
 def usage_ops(keys: Keys, charge: Charge, now: float | None = None) -> list[SettleOp]:

@@ -121,7 +121,6 @@ class Limiter:
         self._store = store
         self.keys = keys
         self.breakers = breakers
-        self._keys = keys
         self._providers = providers
         self._default_max_tokens = default_max_tokens
         self._share = fallback_share
@@ -182,7 +181,7 @@ class Limiter:
         limits = Limits(tenant.rpm, tenant.tpm, None)
         buckets = [
             c
-            for c in _checks(partial(self._keys.tenant, tenant.name), limits, 0, 1.0)
+            for c in _checks(partial(self.keys.tenant, tenant.name), limits, 0, 1.0)
             if isinstance(c, BucketCheck)
         ]
         if not buckets:
@@ -295,7 +294,7 @@ class Limiter:
         *quotas: QuotaCheck,
     ) -> AdmissionRequest:
         limits = Limits(tenant.rpm, tenant.tpm, tenant.max_concurrency)
-        checks = (*_checks(partial(self._keys.tenant, tenant.name), limits, reserve, share), *quotas)
+        checks = (*_checks(partial(self.keys.tenant, tenant.name), limits, reserve, share), *quotas)
         candidates = tuple(self._target_checks(t, reserve, share) for t in targets)
         return AdmissionRequest(slot=slot, tenant=checks, candidates=candidates)
 
@@ -305,7 +304,7 @@ class Limiter:
         breaker = self.breakers.check(target.name)
         if limits is None:
             return (breaker,)
-        return (*_checks(partial(self._keys.provider, target.provider_name), limits, reserve, share), breaker)
+        return (*_checks(partial(self.keys.provider, target.provider_name), limits, reserve, share), breaker)
 
     def _hold(self, ticket: Ticket) -> None:
         slots = [

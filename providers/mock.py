@@ -74,7 +74,7 @@ class MockProvider:
     """Answers every call itself, instantly."""
 
     def __init__(self, config: ProviderConfig) -> None:
-        self._name = config.name
+        """Takes the provider's config, like every adapter; the mock needs nothing from it."""
 
     async def complete(self, call: ChatCall) -> Completion:
         words = reply_words(call.head)
