@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any, NoReturn
 
-import httpx
 import msgspec
 
 from gateway.config import ProviderConfig
@@ -31,13 +30,8 @@ from providers.anthropic_translate import (
 )
 from providers.base import ChatCall, Completion, Usage
 from providers.chunks import ChunkBuilder
-from providers.http import (
-    MAX_RESPONSE_BYTES,
-    make_client,
-    read_bounded,
-    send_ok,
-    sse_data,
-)
+from providers.http import MAX_RESPONSE_BYTES, make_pool, send_ok, sse_data
+from providers.pool import UpstreamResponse
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -46,30 +40,32 @@ class AnthropicProvider:
     """Calls ``{base_url}/messages``, translating to and from OpenAI Chat Completions."""
 
     def __init__(self, config: ProviderConfig) -> None:
-        headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
+        headers = {
+            "content-type": "application/json",
+            "accept-encoding": "identity",
+            "anthropic-version": ANTHROPIC_VERSION,
+        }
         if config.api_key is not None and config.api_key.reveal():  # "" (an unset ${VAR:-}) sends none
             headers["x-api-key"] = config.api_key.reveal()
-        self._client = make_client(config, headers)
+        self._pool = make_pool(config, headers)
 
     async def complete(self, call: ChatCall) -> Completion:
         content = anthropic_request(call, stream=False)
-        request = self._client.build_request("POST", "/messages", content=content, headers=call.headers)
-        response = await send_ok(self._client, request, openai_error_body)
+        response = await send_ok(self._pool, "/messages", content, call.headers, openai_error_body)
         try:
-            body = await read_bounded(response, MAX_RESPONSE_BYTES)
+            body = await response.read(MAX_RESPONSE_BYTES)
         finally:
             await response.aclose()
         return openai_completion(body, call.upstream_model)
 
     async def stream(self, call: ChatCall) -> AnthropicChunkStream:
         content = anthropic_request(call, stream=True)
-        headers = {**call.headers, "accept": "text/event-stream", "accept-encoding": "identity"}
-        request = self._client.build_request("POST", "/messages", content=content, headers=headers)
-        response = await send_ok(self._client, request, openai_error_body)
+        headers = {**call.headers, "accept": "text/event-stream"}
+        response = await send_ok(self._pool, "/messages", content, headers, openai_error_body)
         return AnthropicChunkStream(response, StreamTranslator(call.upstream_model, call.head.include_usage))
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._pool.aclose()
 
 
 # --- Anthropic stream events ---------------------------------------------------------------------
@@ -208,7 +204,7 @@ class StreamTranslator:
 class AnthropicChunkStream:
     """Relays an Anthropic SSE stream as OpenAI chunks, each as soon as its event has arrived."""
 
-    def __init__(self, response: httpx.Response, translator: StreamTranslator) -> None:
+    def __init__(self, response: UpstreamResponse, translator: StreamTranslator) -> None:
         self._response = response
         self._translator = translator
         self.usage: Usage | None = None
@@ -216,7 +212,7 @@ class AnthropicChunkStream:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         # Closing the event generator when the stream stops at message_stop releases it now
         # rather than at garbage collection.
-        events = sse_data(self._response)
+        events = sse_data(self._response.aiter_bytes())
         async with aclosing(events):
             async for data in events:
                 chunks = self._translator.feed(data)

@@ -1,16 +1,13 @@
-"""What the HTTP adapters share: the pooled client, the error translation edge, SSE framing.
+"""What the HTTP adapters share: the connection pool, the status translation edge, SSE framing.
 
-Upstream failures are translated here, in one place, from exception types and status codes
-(never from message text), into :mod:`gateway.errors` classes that say whether a retry may help
-and whether the failure counts against the target's circuit breaker.
+Upstream failures are translated in two places only, never from message text: transport failures
+in :mod:`providers.pool`, error statuses here. Both become :mod:`gateway.errors` classes that say
+whether a retry may help and whether the failure counts against the target's circuit breaker.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Iterator
-from contextlib import contextmanager
-
-import httpx
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
 
 from gateway.config import ProviderConfig
 from gateway.errors import (
@@ -18,58 +15,27 @@ from gateway.errors import (
     UpstreamFailure,
     UpstreamRateLimited,
     UpstreamRejected,
-    UpstreamTimeout,
     UpstreamUnavailable,
 )
+from providers.pool import UpstreamPool, UpstreamResponse
 
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 MAX_ERROR_BYTES = 64 * 1024
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 
 
-def make_client(config: ProviderConfig, headers: dict[str, str]) -> httpx.AsyncClient:
-    """One pooled keep-alive client per provider, with explicit timeouts."""
-    timeout = httpx.Timeout(
-        connect=config.connect_timeout_s,
-        read=config.read_timeout_s,
-        write=config.read_timeout_s,
-        pool=config.connect_timeout_s,
-    )
-    limits = httpx.Limits(
+def make_pool(config: ProviderConfig, headers: dict[str, str]) -> UpstreamPool:
+    """One pool of keep-alive connections per provider, with its timeouts and size."""
+    return UpstreamPool(
+        config.base_url or "",
+        headers,
+        connect_timeout_s=config.connect_timeout_s,
+        read_timeout_s=config.read_timeout_s,
         max_connections=config.max_connections,
-        max_keepalive_connections=config.max_connections,
-        keepalive_expiry=30.0,
-    )
-    return httpx.AsyncClient(
-        base_url=(config.base_url or "").rstrip("/"),
-        headers=headers,
-        timeout=timeout,
-        limits=limits,
-        follow_redirects=False,
-        trust_env=False,
     )
 
 
-@contextmanager
-def transport_errors() -> Iterator[None]:
-    """Translate httpx transport exceptions into upstream failures."""
-    try:
-        yield
-    except httpx.TimeoutException as exc:
-        connect = isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout)
-        what = "connecting to" if connect else "waiting for"
-        raise UpstreamTimeout(f"timed out {what} the upstream", retryable=True, breaker_failure=True) from exc
-    except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
-        raise UpstreamUnavailable(
-            "could not connect to the upstream", retryable=True, breaker_failure=True
-        ) from exc
-    except httpx.TransportError as exc:
-        raise UpstreamError(
-            "the upstream connection failed mid-response", retryable=True, breaker_failure=True
-        ) from exc
-
-
-def failure_for_status(status: int, headers: httpx.Headers, body: bytes) -> UpstreamFailure:
+def failure_for_status(status: int, headers: Mapping[str, str], body: bytes) -> UpstreamFailure:
     """The failure an upstream error status stands for; ``body`` is passed back only for client 4xx."""
     retry_after = parse_retry_after(headers)
     if status == 429:
@@ -93,31 +59,34 @@ def failure_for_status(status: int, headers: httpx.Headers, body: bytes) -> Upst
 
 
 async def send_ok(
-    client: httpx.AsyncClient, request: httpx.Request, reshape: Callable[[bytes, int], bytes] | None = None
-) -> httpx.Response:
-    """Send ``request`` (streaming); any status but 200 becomes its ``UpstreamFailure``.
+    pool: UpstreamPool,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    reshape: Callable[[bytes, int], bytes] | None = None,
+) -> UpstreamResponse:
+    """POST ``body`` to ``path``; any status but 200 becomes its ``UpstreamFailure``.
 
     ``reshape`` turns a passed-back 4xx body into OpenAI's error form, for upstreams that speak
     another dialect.
     """
-    with transport_errors():
-        response = await client.send(request, stream=True)
-    if response.status_code == 200:
+    response = await pool.post(path, body, headers)
+    if response.status == 200:
         return response
     try:
-        body = await read_bounded(response, MAX_ERROR_BYTES)
+        error_body = await response.read(MAX_ERROR_BYTES)
     except UpstreamError:
-        body = b""
+        error_body = b""
     finally:
         await response.aclose()
-    failure = failure_for_status(response.status_code, response.headers, body)
+    failure = failure_for_status(response.status, response.headers, error_body)
     if reshape is not None and isinstance(failure, UpstreamRejected):
         status = failure.upstream_status
         failure = UpstreamRejected(status, reshape(failure.upstream_body, status))
     raise failure
 
 
-def parse_retry_after(headers: httpx.Headers) -> float | None:
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds from ``retry-after-ms`` or ``retry-after`` (delta seconds); None if absent or odd."""
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
         value = headers.get(name)
@@ -132,41 +101,27 @@ def parse_retry_after(headers: httpx.Headers) -> float | None:
     return None
 
 
-async def read_bounded(response: httpx.Response, limit: int) -> bytes:
-    """The response body, or an ``UpstreamError`` when it is larger than ``limit``."""
-    parts: list[bytes] = []
-    size = 0
-    with transport_errors():
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > limit:
-                raise UpstreamError(f"the upstream response exceeded {limit} bytes")
-            parts.append(chunk)
-    return b"".join(parts)
-
-
-async def sse_data(response: httpx.Response) -> AsyncGenerator[bytes, None]:
+async def sse_data(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
     """The ``data`` payload of each server-sent event, as soon as its event is complete.
 
     Comments and other fields are skipped; multi-line data is joined with newlines. An event
     larger than ``MAX_EVENT_BYTES`` is an ``UpstreamError``.
     """
     buffer = b""
-    with transport_errors():
-        async for chunk in response.aiter_bytes():
-            buffer += chunk
-            if b"\r" in buffer:
-                buffer = buffer.replace(b"\r\n", b"\n")
-            while True:
-                end = buffer.find(b"\n\n")
-                if end < 0:
-                    break
-                event, buffer = buffer[:end], buffer[end + 2 :]
-                data = _event_data(event)
-                if data is not None:
-                    yield data
-            if len(buffer) > MAX_EVENT_BYTES:
-                raise UpstreamError("the upstream sent an oversized stream event")
+    async for chunk in body:
+        buffer += chunk
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        while True:
+            end = buffer.find(b"\n\n")
+            if end < 0:
+                break
+            event, buffer = buffer[:end], buffer[end + 2 :]
+            data = _event_data(event)
+            if data is not None:
+                yield data
+        if len(buffer) > MAX_EVENT_BYTES:
+            raise UpstreamError("the upstream sent an oversized stream event")
     # An event missing only its closing blank line still counts, and so does a bare end marker;
     # one cut off mid-line is dropped, as the SSE rules say, so the reader sees a truncated
     # stream rather than a broken chunk.

@@ -10,19 +10,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import msgspec
 
 from gateway.config import ProviderConfig
 from gateway.errors import InvalidRequest, UpstreamError
 from providers.base import ChatCall, Completion, Usage
-from providers.http import (
-    MAX_RESPONSE_BYTES,
-    make_client,
-    read_bounded,
-    send_ok,
-    sse_data,
-)
+from providers.http import MAX_RESPONSE_BYTES, make_pool, send_ok, sse_data
+from providers.pool import UpstreamResponse
 
 
 class _CompletionHead(msgspec.Struct):
@@ -64,18 +58,15 @@ class OpenAIProvider:
     """Calls ``{base_url}/chat/completions`` on an OpenAI-compatible server."""
 
     def __init__(self, config: ProviderConfig) -> None:
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if config.api_key is not None and config.api_key.reveal():  # "" (an unset ${VAR:-}) sends none
             headers["authorization"] = f"Bearer {config.api_key.reveal()}"
-        self._client = make_client(config, headers)
+        self._pool = make_pool(config, headers)
 
     async def complete(self, call: ChatCall) -> Completion:
-        request = self._client.build_request(
-            "POST", "/chat/completions", content=upstream_body(call), headers=call.headers
-        )
-        response = await send_ok(self._client, request)
+        response = await send_ok(self._pool, "/chat/completions", upstream_body(call), call.headers)
         try:
-            body = await read_bounded(response, MAX_RESPONSE_BYTES)
+            body = await response.read(MAX_RESPONSE_BYTES)
         finally:
             await response.aclose()
         try:
@@ -85,27 +76,24 @@ class OpenAIProvider:
         return Completion(body=body, usage=head.usage)
 
     async def stream(self, call: ChatCall) -> OpenAIChunkStream:
-        headers = {**call.headers, "accept": "text/event-stream", "accept-encoding": "identity"}
-        request = self._client.build_request(
-            "POST", "/chat/completions", content=upstream_body(call), headers=headers
-        )
-        response = await send_ok(self._client, request)
+        headers = {**call.headers, "accept": "text/event-stream"}
+        response = await send_ok(self._pool, "/chat/completions", upstream_body(call), headers)
         return OpenAIChunkStream(response, call.head.include_usage)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._pool.aclose()
 
 
 class OpenAIChunkStream:
     """Relays an upstream SSE stream chunk by chunk, noting usage and dropping the usage chunk if unasked."""
 
-    def __init__(self, response: httpx.Response, include_usage: bool) -> None:
+    def __init__(self, response: UpstreamResponse, include_usage: bool) -> None:
         self._response = response
         self._include_usage = include_usage
         self.usage: Usage | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for data in sse_data(self._response):
+        async for data in sse_data(self._response.aiter_bytes()):
             if data == b"[DONE]":
                 return
             try:
