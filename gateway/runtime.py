@@ -21,6 +21,7 @@ from policies.breakers import Breakers
 from policies.keys import Keys
 from policies.limiter import Limiter, Limits
 from policies.memory_store import MemoryStore
+from policies.redis_pipe import RedisPipe
 from policies.redis_store import RedisStore
 from policies.routing import ModelRoute, build_routes
 from providers import Provider, build_provider
@@ -109,7 +110,12 @@ def _limiter(config: Config, redis: aioredis.Redis | None, workers: int) -> Limi
         return Limiter(MemoryStore(), keys, limits, max_tokens, Breakers(keys, config.breaker, probe_ttl_s))
     keys = Keys(config.redis.prefix)
     lease_ms = int(config.redis.slot_lease_s * 1000)
-    store: AdmissionStore = RedisStore(redis, lease_ms)
+    pipe = RedisPipe(
+        config.redis.url.reveal(),
+        connect_timeout_s=REDIS_CONNECT_TIMEOUT_S,
+        command_timeout_s=REDIS_COMMAND_TIMEOUT_S,
+    )
+    store: AdmissionStore = RedisStore(pipe, lease_ms)
     share = 1.0 / workers if config.redis.on_failure == "open" else None
     breakers = Breakers(keys, config.breaker, probe_ttl_s)
     return Limiter(store, keys, limits, max_tokens, breakers, fallback_share=share, lease_ms=lease_ms)

@@ -188,3 +188,11 @@ class AdmissionStore(Protocol):
     async def read(self, key: str) -> dict[str, str]:
         """A hash's fields (usage records), empty if absent."""
         ...
+
+    async def ping(self) -> None:
+        """Raise unless the store answers now."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

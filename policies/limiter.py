@@ -269,15 +269,15 @@ class Limiter:
         if self._renewer is not None:
             await stop_task(self._renewer)
             self._renewer = None
+        await self._store.aclose()
 
     async def ping(self) -> bool:
         """Whether the shared store answers now (for ``/readyz``)."""
         if not self.shared:
             return True
-        client = getattr(self._store, "client", None)
         try:
             async with asyncio.timeout(0.5):
-                await client.ping()  # type: ignore[union-attr]
+                await self._store.ping()
         except (RedisError, OSError, TimeoutError) as exc:
             self.health.mark(False, exc)
             return False

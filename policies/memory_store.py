@@ -49,6 +49,12 @@ class MemoryStore:
         self.slots: dict[str, dict[str, float]] = {}
         self.hashes: dict[str, dict[str, str]] = {}
 
+    async def ping(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
     async def admit(self, request: AdmissionRequest) -> Decision:
         now = self._clock()
         failed = self._first_failure(request.tenant, now)

@@ -2,8 +2,9 @@
 
 Admission and settlement are each one Lua script call (``policies/lua/``), so a request costs two
 Redis round trips on the happy path and every worker of every instance sees the same numbers.
-Scripts are loaded once and run by SHA (redis-py reloads them after a ``NOSCRIPT``, e.g. when
-Redis restarted); every key is passed in ``KEYS``; time comes from Redis ``TIME``.
+Scripts run by SHA over one pipelined connection (:mod:`policies.redis_pipe`), sent whole only
+after a ``NOSCRIPT`` (e.g. when Redis restarted); every key is passed in ``KEYS``; time comes from
+Redis ``TIME``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from importlib import resources
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
 
 from policies.admission import (
     LEASE_MS,
@@ -35,6 +35,7 @@ from policies.admission import (
     SettleOp,
     SlotCheck,
 )
+from policies.redis_pipe import RedisPipe, Script
 
 _encode = msgspec.json.encode
 
@@ -61,21 +62,27 @@ class _KeyIndex:
 class RedisStore:
     """Admission and settlement against one Redis (or one Cluster slot)."""
 
-    def __init__(self, client: aioredis.Redis, lease_ms: int = LEASE_MS) -> None:
-        self.client = client
+    def __init__(self, pipe: RedisPipe, lease_ms: int = LEASE_MS) -> None:
+        self.pipe = pipe
         self._lease_ms = lease_ms
-        self._admit = client.register_script(load_script("admit_v2.lua"))
-        self._settle = client.register_script(load_script("settle_v2.lua"))
-        self._breaker = client.register_script(load_script("breaker_v1.lua"))
-        self._peek = client.register_script(load_script("peek_v1.lua"))
-        self._renew = client.register_script(load_script("renew_v1.lua"))
+        self._admit = Script(load_script("admit_v2.lua"))
+        self._settle = Script(load_script("settle_v2.lua"))
+        self._breaker = Script(load_script("breaker_v1.lua"))
+        self._peek = Script(load_script("peek_v1.lua"))
+        self._renew = Script(load_script("renew_v1.lua"))
+
+    async def ping(self) -> None:
+        await self.pipe.ping()
+
+    async def aclose(self) -> None:
+        await self.pipe.aclose()
 
     async def admit(self, request: AdmissionRequest) -> Decision:
         index = _KeyIndex()
         groups = [[_check(c, index) for c in request.tenant]]
         groups.extend([_check(c, index) for c in group] for group in request.candidates)
         spec = _encode({"groups": groups, "slot": request.slot, "lease_ms": self._lease_ms})
-        reply: list[Any] = await self._admit(keys=index.keys, args=[spec])
+        reply: list[Any] = await self.pipe.evalsha(self._admit, index.keys, [spec])
         if reply[0] == 1:
             chosen = max(0, int(reply[1]) - 2)
             probe = _text(reply[3])
@@ -91,30 +98,30 @@ class RedisStore:
     async def settle(self, slot: str, ops: Sequence[SettleOp]) -> list[str]:
         index = _KeyIndex()
         encoded = [_op(op, index) for op in ops]
-        closed: list[Any] = await self._settle(
-            keys=index.keys, args=[_encode({"ops": encoded, "slot": slot})]
-        )
+        spec = _encode({"ops": encoded, "slot": slot})
+        closed: list[Any] = await self.pipe.evalsha(self._settle, index.keys, [spec])
         return [index.keys[int(i) - 1] for i in closed]
 
     async def peek(self, buckets: Sequence[BucketCheck]) -> tuple[BucketState, ...]:
         if not buckets:
             return ()
-        rows = await self._peek(keys=[b.key for b in buckets], args=[b.capacity for b in buckets])
+        rows = await self.pipe.evalsha(self._peek, [b.key for b in buckets], [b.capacity for b in buckets])
         return _report(buckets, rows)
 
     async def breaker_failure(self, key: str, threshold: int) -> BreakerState:
-        return _breaker_state(await self._breaker(keys=[key], args=["fail", threshold]))
+        return _breaker_state(await self.pipe.evalsha(self._breaker, [key], ["fail", threshold]))
 
     async def breaker_reset(self, key: str) -> BreakerState:
-        return _breaker_state(await self._breaker(keys=[key], args=["reset"]))
+        return _breaker_state(await self.pipe.evalsha(self._breaker, [key], ["reset"]))
 
     async def renew(self, slots: Sequence[tuple[str, str]]) -> None:
         if slots:
-            await self._renew(keys=[k for k, _ in slots], args=[self._lease_ms, *(s for _, s in slots)])
+            keys = [k for k, _ in slots]
+            await self.pipe.evalsha(self._renew, keys, [self._lease_ms, *(s for _, s in slots)])
 
     async def read(self, key: str) -> dict[str, str]:
-        fields: dict[bytes | str, bytes | str] = await self.client.hgetall(key)
-        return {_text(k): _text(v) for k, v in fields.items()}
+        flat: list[bytes] = await self.pipe.call("HGETALL", key)
+        return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 def _check(check: Check, index: _KeyIndex) -> list[Any]:

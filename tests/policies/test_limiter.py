@@ -13,9 +13,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 import pytest
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from gateway.config import BreakerConfig
 from gateway.errors import GatewayError, RateLimited, StateUnavailable, render
@@ -25,6 +22,7 @@ from policies.breakers import Breakers
 from policies.keys import Keys
 from policies.limiter import Limiter, Limits, Ticket
 from policies.memory_store import MemoryStore
+from policies.redis_pipe import RedisPipe
 from policies.redis_store import RedisStore
 from policies.routing import Target
 from providers.base import Provider
@@ -326,11 +324,9 @@ async def test_in_flight_slots_are_renewed_and_a_dead_holders_expire(clock: Cloc
 @pytest.fixture
 async def unreachable_redis() -> AsyncIterator[RedisStore]:
     """A Redis store whose server is not there (a closed port)."""
-    client = aioredis.Redis(
-        host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
-    )
-    yield RedisStore(client)
-    await client.aclose()
+    pipe = RedisPipe(f"redis://127.0.0.1:{free_port()}", connect_timeout_s=0.2, command_timeout_s=0.5)
+    yield RedisStore(pipe)
+    await pipe.aclose()
 
 
 async def test_closed_without_redis_is_state_unavailable(unreachable_redis: RedisStore) -> None:

@@ -27,6 +27,7 @@ from policies.admission import (
     SlotCheck,
 )
 from policies.memory_store import MemoryStore
+from policies.redis_pipe import RedisPipe
 from policies.redis_store import RedisStore
 from tests.harness import RedisServer
 
@@ -41,8 +42,10 @@ async def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> As
         return
     client = aioredis.Redis.from_url(redis_server.url)
     await client.flushdb()
-    yield RedisStore(client, lease_ms=300)
     await client.aclose()
+    pipe = RedisPipe(redis_server.url, connect_timeout_s=1.0, command_timeout_s=1.0)
+    yield RedisStore(pipe, lease_ms=300)
+    await pipe.aclose()
 
 
 @pytest.fixture
@@ -51,7 +54,7 @@ def age(store: Store) -> Age:
         if isinstance(store, MemoryStore):
             store.age(key, ms)
         else:
-            await store.client.hincrbyfloat(key, "t", -ms)
+            await store.pipe.call("HINCRBYFLOAT", key, "t", -ms)
 
     return move
 
@@ -213,7 +216,7 @@ def age_field(store: Store) -> Callable[[str, str, float], Awaitable[None]]:
             fields = store.hashes[key]
             fields[field] = repr(float(fields[field]) - ms)
         else:
-            await store.client.hincrbyfloat(key, field, -ms)
+            await store.pipe.call("HINCRBYFLOAT", key, field, -ms)
 
     return move
 

@@ -1,0 +1,217 @@
+"""One pipelined Redis connection for the admission scripts, the gateway's per-request Redis calls.
+
+Why not redis-py for these: its asyncio client takes a pooled connection per command (64 requests
+in flight kept 65 connections open) and, with a socket timeout set, wraps every write in
+``asyncio.wait_for``, which on Python 3.11 creates a task per command; its client code was a fifth
+of the gateway worker's CPU samples. Redis answers in order, so one connection carries every
+in-flight call: commands are written back to back (coalesced into one write per event-loop turn),
+replies are parsed by hiredis and handed to the waiting callers first in, first out.
+
+A call that times out closes the connection (so a hung Redis cannot hold later calls) and the
+next call reconnects. Failures are raised as redis-py's ``ConnectionError`` and ``TimeoutError``
+(both ``RedisError``), as the callers already expect. redis-py stays for everything off the hot
+path: the admin API, the tenant store, the queue client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, cast
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import hiredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+Arg = str | bytes | int | float
+
+
+def encode_command(args: Sequence[Arg]) -> bytes:
+    """A command as a RESP array of bulk strings."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, bytes):
+            data = arg
+        else:
+            data = repr(arg).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+class Script:
+    """A Lua script, called by its SHA1 and sent whole only when Redis does not know it."""
+
+    __slots__ = ("sha", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+
+
+class _Protocol(asyncio.Protocol):
+    """The connection: queued writes flushed once per loop turn, replies matched in order."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.closed = False
+        self._reader = hiredis.Reader(replyError=ResponseError)
+        self._out: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def send(self, command: bytes) -> asyncio.Future[Any]:
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out.append(command)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self.waiting.append(future)
+        return future
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None and not self.closed:
+            self.transport.write(b"".join(out))
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        while (reply := self._reader.gets()) is not False:
+            if not self.waiting:  # a reply nobody asked for: the stream is out of step
+                self.abort()
+                return
+            future = self.waiting.popleft()
+            if not future.done():  # its caller may have timed out
+                future.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        while self.waiting:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(RedisConnectionError("the connection to Redis was lost"))
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+        self.connection_lost(None)
+
+
+class RedisPipe:
+    """Script calls and a few plain commands over one pipelined connection to the Redis of ``url``."""
+
+    def __init__(self, url: str, *, connect_timeout_s: float, command_timeout_s: float) -> None:
+        self._target = _Target.parse(url)
+        self._connect_timeout_s = connect_timeout_s
+        self._command_timeout_s = command_timeout_s
+        self._protocol: _Protocol | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    async def evalsha(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        """Run ``script``; loads it first (``EVAL``) when Redis answers ``NOSCRIPT``."""
+        head: list[Arg] = [script.sha, len(keys), *keys, *args]
+        try:
+            return await self.call("EVALSHA", *head)
+        except ResponseError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        return await self.call("EVAL", script.source, *head[1:])
+
+    async def call(self, *args: Arg) -> Any:
+        """One command's reply; an error reply is raised as ``ResponseError``."""
+        protocol = self._protocol
+        if protocol is None or protocol.closed:
+            protocol = await self._connect()
+        future = protocol.send(encode_command(args))
+        try:
+            async with asyncio.timeout(self._command_timeout_s):
+                reply = await future
+        except TimeoutError:
+            protocol.abort()
+            raise RedisTimeoutError("Redis did not answer in time") from None
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
+    async def ping(self) -> None:
+        await self.call("PING")
+
+    async def aclose(self) -> None:
+        if self._protocol is not None:
+            self._protocol.abort()
+            self._protocol = None
+
+    async def _connect(self) -> _Protocol:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._protocol is not None and not self._protocol.closed:
+                return self._protocol  # another caller connected meanwhile
+            protocol = await self._open()
+            self._protocol = protocol
+            return protocol
+
+    async def _open(self) -> _Protocol:
+        target = self._target
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                if target.path is not None:
+                    _, protocol = await loop.create_unix_connection(_Protocol, target.path)
+                else:
+                    _, protocol = await loop.create_connection(
+                        _Protocol, target.host, target.port, ssl=target.tls
+                    )
+                for command in target.setup:
+                    reply = await protocol.send(encode_command(command))
+                    if isinstance(reply, ResponseError):
+                        protocol.abort()
+                        raise RedisConnectionError(f"Redis refused the connection setup: {reply}")
+        except TimeoutError:
+            raise RedisTimeoutError("timed out connecting to Redis") from None
+        except OSError as exc:
+            raise RedisConnectionError(f"could not connect to Redis: {exc.strerror or exc}") from None
+        return protocol
+
+
+class _Target:
+    """Where to connect and what to send first (AUTH, SELECT), from a redis-py style URL."""
+
+    def __init__(self) -> None:
+        self.host = "127.0.0.1"
+        self.port = 6379
+        self.path: str | None = None
+        self.tls: ssl.SSLContext | None = None
+        self.setup: list[list[Arg]] = []
+
+    @classmethod
+    def parse(cls, url: str) -> _Target:
+        parts = urlsplit(url)
+        target = cls()
+        query = parse_qs(parts.query)
+        db = query.get("db", [""])[0]
+        if parts.scheme == "unix":
+            target.path = unquote(parts.path)
+        elif parts.scheme in ("redis", "rediss"):
+            target.host = parts.hostname or target.host
+            target.port = parts.port or target.port
+            target.tls = ssl.create_default_context() if parts.scheme == "rediss" else None
+            db = parts.path.lstrip("/") or db
+        else:
+            raise ValueError("a Redis URL starts with redis://, rediss:// or unix://")
+        if parts.password is not None:
+            password = unquote(parts.password)
+            user = unquote(parts.username) if parts.username else None
+            target.setup.append(["AUTH", user, password] if user else ["AUTH", password])
+        if db and db != "0":
+            target.setup.append(["SELECT", int(db)])
+        return target
