@@ -99,33 +99,35 @@ def usage_ops(keys: Keys, charge: Charge, now: float | None = None) -> list[Sett
     for kind, retain in (("day", RETAIN_DAY_S), ("month", RETAIN_MONTH_S), ("total", 0)):
         current = period(kind, now)
         key = keys.usage(charge.tenant, current.id)
-        ops.extend(Increment(key, name, value) for name, value in fields)
+        ops.append(Increment(key, fields))
         ops.append(Expire(key, int((current.ends_in_s or 0) + retain) if retain else 0))
     if charge.task_id is not None:
         ops.extend(_task_ops(keys, charge, fields, now))
     return ops
 
 
-def _fields(charge: Charge) -> list[tuple[str, float]]:
-    fields: list[tuple[str, float]] = [
+def _fields(charge: Charge) -> tuple[tuple[str, float], ...]:
+    fields: tuple[tuple[str, float], ...] = (
         ("requests", 1),
         ("prompt_tokens", charge.prompt_tokens),
         ("completion_tokens", charge.completion_tokens),
         ("tokens", charge.prompt_tokens + charge.completion_tokens),
         ("usd", charge.usd),
-    ]
+    )
     if charge.estimated:
-        fields.append(("estimated_requests", 1))
+        fields += (("estimated_requests", 1),)
     return fields
 
 
-def _task_ops(keys: Keys, charge: Charge, fields: list[tuple[str, float]], now: float) -> list[SettleOp]:
+def _task_ops(
+    keys: Keys, charge: Charge, fields: tuple[tuple[str, float], ...], now: float
+) -> list[SettleOp]:
     assert charge.task_id is not None
     key = keys.task(charge.tenant, charge.task_id)
     stamp = f"{now:.3f}"
-    ops: list[SettleOp] = [Increment(key, name, value) for name, value in fields]
-    ops.extend(Increment(key, f"m:{charge.model}:{name}", value) for name, value in fields)
-    ops += [
+    by_model = tuple((f"m:{charge.model}:{name}", value) for name, value in fields)
+    ops: list[SettleOp] = [
+        Increment(key, fields + by_model),
         SetField(key, "tenant", charge.tenant),
         SetField(key, "first_seen", stamp, only_if_missing=True),
         SetField(key, "last_seen", stamp),

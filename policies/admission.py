@@ -126,9 +126,10 @@ class ReleaseReservation:
 
 @dataclass(frozen=True, slots=True)
 class Increment:
+    """Add to several fields of one hash (usage accounting): one op, not one per field."""
+
     key: str
-    field: str
-    amount: float
+    fields: tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True, slots=True)

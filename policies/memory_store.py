@@ -236,7 +236,8 @@ class MemoryStore:
         elif isinstance(op, ReleaseReservation):
             self._add(op.key, op.field, -op.amount)
         elif isinstance(op, Increment):
-            self._add(op.key, op.field, op.amount)
+            for field, amount in op.fields:
+                self._add(op.key, field, amount)
         elif isinstance(op, SetField):
             fields = self.hashes.setdefault(op.key, {})
             if not (op.only_if_missing and op.field in fields):

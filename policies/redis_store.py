@@ -66,7 +66,7 @@ class RedisStore:
         self.pipe = pipe
         self._lease_ms = lease_ms
         self._admit = Script(load_script("admit_v2.lua"))
-        self._settle = Script(load_script("settle_v2.lua"))
+        self._settle = Script(load_script("settle_v3.lua"))
         self._breaker = Script(load_script("breaker_v1.lua"))
         self._peek = Script(load_script("peek_v1.lua"))
         self._renew = Script(load_script("renew_v1.lua"))
@@ -135,7 +135,7 @@ def _check(check: Check, index: _KeyIndex) -> list[Any]:
 
 
 def _op(op: SettleOp, index: _KeyIndex) -> list[Any]:
-    """One settle op as settle_v2.lua reads it."""
+    """One settle op as settle_v3.lua reads it."""
     key = index(op.key)
     match op:
         case AdjustBucket():
@@ -145,7 +145,9 @@ def _op(op: SettleOp, index: _KeyIndex) -> list[Any]:
         case ReleaseReservation():
             row = ["q", key, op.field, op.amount]
         case Increment():
-            row = ["i", key, op.field, op.amount]
+            row = ["i", key]
+            for field, amount in op.fields:
+                row += (field, amount)
         case SetField():
             row = ["n" if op.only_if_missing else "s", key, op.field, op.value]
         case BreakerSuccess():

@@ -178,7 +178,7 @@ async def test_quota_reserves_then_settles_to_actual(store: Store) -> None:
     refused = await store.admit(one("c", quota))
     assert not refused.admitted and refused.failed == quota and refused.wait_s is None
     await store.settle(
-        "a", [ReleaseReservation("t:usage", "usd_reserved", 4), Increment("t:usage", "usd", 1.5)]
+        "a", [ReleaseReservation("t:usage", "usd_reserved", 4), Increment("t:usage", (("usd", 1.5),))]
     )
     assert (await store.admit(one("c", quota))).admitted
     usage = await store.read("t:usage")
@@ -198,8 +198,7 @@ async def test_usage_fields_add_up_and_first_seen_sticks(store: Store) -> None:
         await store.settle(
             "s",
             [
-                Increment(key, "prompt_tokens", 7),
-                Increment(key, "usd", 0.25),
+                Increment(key, (("prompt_tokens", 7), ("usd", 0.25))),
                 SetField(key, "first_seen", value, only_if_missing=True),
                 SetField(key, "last_seen", value),
             ],

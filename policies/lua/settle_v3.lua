@@ -1,11 +1,12 @@
--- settle_v2: settle one finished request, and account for it, in one atomic step.
+-- settle_v3: settle one finished request, and account for it, in one atomic step.
 --
 -- ARGV[1] is JSON: {"ops": [op, ...], "slot": "<id>"}. An op is one of:
 --   {"b", key_index, capacity, delta}   move a token bucket by -delta after refilling it
 --                                       (delta = actual - reserved: a refund when negative)
 --   {"c", key_index}                    free this request's concurrency slot
 --   {"q", key_index, field, amount}     a quota: release `amount` of the reservation in `field`
---   {"i", key_index, field, amount}     add `amount` to a hash field (usage accounting)
+--   {"i", key_index, field, amount, field, amount, ...}
+--                                       add each `amount` to its hash field (usage accounting)
 --   {"s", key_index, field, value}      set a hash field (e.g. last_seen)
 --   {"n", key_index, field, value}      set a hash field only if it is not set yet (first_seen)
 --   {"x", key_index, seconds}           let a key expire after `seconds` (0: never)
@@ -35,7 +36,9 @@ for _, op in ipairs(spec.ops) do
   elseif kind == 'q' then
     redis.call('HINCRBYFLOAT', key, op[3], -op[4])
   elseif kind == 'i' then
-    redis.call('HINCRBYFLOAT', key, op[3], op[4])
+    for j = 3, #op, 2 do
+      redis.call('HINCRBYFLOAT', key, op[j], op[j + 1])
+    end
   elseif kind == 's' then
     redis.call('HSET', key, op[3], op[4])
   elseif kind == 'n' then
