@@ -36,11 +36,11 @@ class StreamReply:
 
 @dataclass(slots=True)
 class OpenedStream:
-    """An upstream stream whose first chunk (None: it had none) has already arrived."""
+    """An upstream stream whose first chunks (None: it had none) have already arrived."""
 
     stream: ChunkStream
-    chunks: AsyncIterator[bytes]
-    first: bytes | None
+    batches: AsyncIterator[list[bytes]]
+    first: list[bytes] | None
 
 
 def deadline_passed(*, breaker_failure: bool = True) -> UpstreamTimeout:
@@ -49,37 +49,40 @@ def deadline_passed(*, breaker_failure: bool = True) -> UpstreamTimeout:
 
 
 async def open_stream(target: Target, call: ChatCall, deadline: float) -> OpenedStream:
-    """Open a stream and read its first chunk, all before the deadline."""
+    """Open a stream and read its first chunks, all before the deadline."""
     try:
         async with asyncio.timeout_at(deadline):
             stream = await target.provider.stream(call)
     except TimeoutError:
         raise deadline_passed() from None
-    chunks = aiter(stream)
+    batches = stream.batches()
     try:
         async with asyncio.timeout_at(deadline):
-            first = await anext(chunks, None)
+            first = await anext(batches, None)
     except TimeoutError:
         await stream.aclose()
         raise deadline_passed() from None
     except BaseException:
         await stream.aclose()
         raise
-    return OpenedStream(stream, chunks, first)
+    return OpenedStream(stream, batches, first)
 
 
 async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncIterator[bytes]:
-    """SSE events for the client, each sent as soon as its upstream chunk arrives."""
+    """SSE events for the client, sent as soon as their upstream chunks arrive.
+
+    Chunks that arrived together go out in one write.
+    """
     record, relayed = request.record, 0
-    stream, chunks = opened.stream, opened.chunks
+    stream, batches = opened.stream, opened.batches
     try:
-        chunk = opened.first
-        while chunk is not None:
-            yield b"data: " + chunk + b"\n\n"
-            relayed += 1
+        batch = opened.first
+        while batch is not None:
+            yield b"".join([b"data: %s\n\n" % chunk for chunk in batch])
+            relayed += len(batch)
             try:
                 async with asyncio.timeout_at(request.deadline):
-                    chunk = await anext(chunks, None)
+                    batch = await anext(batches, None)
             except TimeoutError:
                 raise deadline_passed(breaker_failure=False) from None
         await _finish(stream, request, relayed)

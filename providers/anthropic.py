@@ -28,9 +28,9 @@ from providers.anthropic_translate import (
     openai_completion,
     openai_error_body,
 )
-from providers.base import ChatCall, Completion, Usage
+from providers.base import ChatCall, Completion, Usage, each_chunk
 from providers.chunks import ChunkBuilder
-from providers.http import MAX_RESPONSE_BYTES, make_pool, send_ok, sse_data
+from providers.http import MAX_RESPONSE_BYTES, make_pool, send_ok, sse_batches
 from providers.pool import UpstreamResponse
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -202,28 +202,43 @@ class StreamTranslator:
 
 
 class AnthropicChunkStream:
-    """Relays an Anthropic SSE stream as OpenAI chunks, each as soon as its event has arrived."""
+    """Relays an Anthropic SSE stream as OpenAI chunks, as its events arrive."""
 
     def __init__(self, response: UpstreamResponse, translator: StreamTranslator) -> None:
         self._response = response
         self._translator = translator
         self.usage: Usage | None = None
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def batches(self) -> AsyncIterator[list[bytes]]:
         # Closing the event generator when the stream stops at message_stop releases it now
         # rather than at garbage collection.
-        events = sse_data(self._response.aiter_bytes())
+        events = sse_batches(self._response.aiter_bytes())
+        translator = self._translator
         async with aclosing(events):
-            async for data in events:
-                chunks = self._translator.feed(data)
-                self.usage = self._translator.usage
-                for chunk in chunks:
-                    yield chunk
-                if self._translator.finished:
+            async for batch in events:
+                chunks: list[bytes] = []
+                failure: UpstreamError | None = None
+                for data in batch:
+                    try:
+                        chunks += translator.feed(data)
+                    except UpstreamError as exc:  # the chunks before it still go out first
+                        failure = exc
+                        break
+                    self.usage = translator.usage
+                    if translator.finished:
+                        break
+                if chunks:
+                    yield chunks
+                if failure is not None:
+                    raise failure
+                if translator.finished:
                     return
         raise UpstreamError(
             "the upstream stream ended before message_stop", retryable=True, breaker_failure=True
         )
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return each_chunk(self)
 
     async def aclose(self) -> None:
         await self._response.aclose()

@@ -67,6 +67,13 @@ class ChatCall:
         return self.upstream_model != self.head.model
 
 
+async def each_chunk(stream: ChunkStream) -> AsyncIterator[bytes]:
+    """The chunks of ``stream`` one by one: ``__aiter__`` for adapters that produce batches."""
+    async for batch in stream.batches():
+        for chunk in batch:
+            yield chunk
+
+
 @dataclass(slots=True)
 class Completion:
     """A whole ``chat.completion`` body, ready to send to the client."""
@@ -76,14 +83,20 @@ class Completion:
 
 
 class ChunkStream(Protocol):
-    """An opened upstream stream. Iterating yields ``chat.completion.chunk`` JSON payloads.
+    """An opened upstream stream of ``chat.completion.chunk`` JSON payloads.
+
+    :meth:`batches` yields, each time the upstream has sent something, every chunk that has
+    arrived complete (never an empty list), so a relay writes them in one go rather than one
+    write per chunk; iterating the stream itself yields the chunks one by one.
 
     ``usage`` is set once the upstream has reported it (normally with the last chunk). A usage-only
-    chunk is yielded only when the client asked for it. The iterator ends after the upstream's
+    chunk is yielded only when the client asked for it. Iteration ends after the upstream's
     end-of-stream marker; a stream that breaks off raises an ``UpstreamFailure``.
     """
 
     usage: Usage | None
+
+    def batches(self) -> AsyncIterator[list[bytes]]: ...
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 

@@ -101,25 +101,26 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     return None
 
 
-async def sse_data(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
-    """The ``data`` payload of each server-sent event, as soon as its event is complete.
+async def sse_batches(body: AsyncIterable[bytes]) -> AsyncGenerator[list[bytes], None]:
+    """The ``data`` payloads of the server-sent events in ``body``: after each piece of it, every
+    event it completed (never an empty list), so events that arrive together travel together.
 
     Comments and other fields are skipped; multi-line data is joined with newlines. An event
     larger than ``MAX_EVENT_BYTES`` is an ``UpstreamError``.
     """
     buffer = b""
-    async for chunk in body:
-        buffer += chunk
+    async for piece in body:
+        buffer += piece
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
-        while True:
-            end = buffer.find(b"\n\n")
-            if end < 0:
-                break
-            event, buffer = buffer[:end], buffer[end + 2 :]
-            data = _event_data(event)
+        batch: list[bytes] = []
+        while (end := buffer.find(b"\n\n")) >= 0:
+            data = _event_data(buffer[:end])
+            buffer = buffer[end + 2 :]
             if data is not None:
-                yield data
+                batch.append(data)
+        if batch:
+            yield batch
         if len(buffer) > MAX_EVENT_BYTES:
             raise UpstreamError("the upstream sent an oversized stream event")
     # An event missing only its closing blank line still counts, and so does a bare end marker;
@@ -127,7 +128,14 @@ async def sse_data(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
     # stream rather than a broken chunk.
     data = _event_data(buffer)
     if data is not None and (buffer.endswith(b"\n") or data == b"[DONE]"):
-        yield data
+        yield [data]
+
+
+async def sse_data(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
+    """The ``data`` payload of each server-sent event, one by one (see :func:`sse_batches`)."""
+    async for batch in sse_batches(body):
+        for data in batch:
+            yield data
 
 
 def _event_data(event: bytes) -> bytes | None:

@@ -16,7 +16,7 @@ import msgspec
 
 from gateway.config import ProviderConfig
 from policies.tokens import estimate_prompt_tokens
-from providers.base import ChatCall, ChatHead, Completion, Usage
+from providers.base import ChatCall, ChatHead, Completion, Usage, each_chunk
 from providers.chunks import ChunkBuilder, usage_dict
 
 DEFAULT_REPLY_WORDS = 12
@@ -62,9 +62,12 @@ class MockChunkStream:
         self._chunks = chunks
         self.usage: Usage | None = usage
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for chunk in self._chunks:
-            yield chunk
+    async def batches(self) -> AsyncIterator[list[bytes]]:
+        if self._chunks:
+            yield self._chunks
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return each_chunk(self)
 
     async def aclose(self) -> None:
         return None

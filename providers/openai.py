@@ -8,14 +8,15 @@ for stream usage; asking for usage on a body without ``stream_options`` is a spl
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import msgspec
 
 from gateway.config import ProviderConfig
 from gateway.errors import InvalidRequest, UpstreamError
-from providers.base import ChatCall, Completion, Usage
-from providers.http import MAX_RESPONSE_BYTES, make_pool, send_ok, sse_data
+from providers.base import ChatCall, Completion, Usage, each_chunk
+from providers.http import MAX_RESPONSE_BYTES, make_pool, send_ok, sse_batches
 from providers.pool import UpstreamResponse
 
 
@@ -85,29 +86,55 @@ class OpenAIProvider:
 
 
 class OpenAIChunkStream:
-    """Relays an upstream SSE stream chunk by chunk, noting usage and dropping the usage chunk if unasked."""
+    """Relays an upstream SSE stream as it arrives, noting usage and dropping the usage chunk if unasked."""
 
     def __init__(self, response: UpstreamResponse, include_usage: bool) -> None:
         self._response = response
         self._include_usage = include_usage
         self.usage: Usage | None = None
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for data in sse_data(self._response.aiter_bytes()):
-            if data == b"[DONE]":
-                return
-            try:
-                head = _decode_chunk(data)
-            except msgspec.DecodeError as exc:
-                raise UpstreamError("the upstream sent an unusable stream chunk") from exc
-            if head.error is not None:
-                raise UpstreamError("the upstream reported an error mid-stream")
-            if head.usage is not None:
-                self.usage = head.usage
-                if not head.choices and not self._include_usage:
-                    continue
-            yield data
+    async def batches(self) -> AsyncIterator[list[bytes]]:
+        events = sse_batches(self._response.aiter_bytes())
+        async with aclosing(events):
+            async for batch in events:
+                chunks: list[bytes] = []
+                failure: UpstreamError | None = None
+                done = False
+                for data in batch:
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    try:
+                        keep = self._keep(data)
+                    except UpstreamError as exc:  # the chunks before it still go out first
+                        failure = exc
+                        break
+                    if keep:
+                        chunks.append(data)
+                if chunks:
+                    yield chunks
+                if failure is not None:
+                    raise failure
+                if done:
+                    return
         raise UpstreamError("the upstream stream ended without [DONE]", retryable=True, breaker_failure=True)
+
+    def _keep(self, data: bytes) -> bool:
+        """Whether to relay this chunk; notes its usage, raises on an error chunk."""
+        try:
+            head = _decode_chunk(data)
+        except msgspec.DecodeError as exc:
+            raise UpstreamError("the upstream sent an unusable stream chunk") from exc
+        if head.error is not None:
+            raise UpstreamError("the upstream reported an error mid-stream")
+        if head.usage is not None:
+            self.usage = head.usage
+            if not head.choices and not self._include_usage:
+                return False
+        return True
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return each_chunk(self)
 
     async def aclose(self) -> None:
         await self._response.aclose()
