@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from gateway import observe
 from gateway.chat_input import TRACE_HEADERS, parse_head, task_id_of
-from gateway.errors import GatewayError, ModelNotAllowed, ModelNotFound, UpstreamFailure
+from gateway.errors import GatewayError, InvalidRequest, ModelNotAllowed, ModelNotFound, UpstreamFailure
 from gateway.record import RequestRecord
 from gateway.relay import OpenedStream, StreamReply, deadline_passed, open_stream, relay
 from gateway.runtime import Gateway
@@ -39,6 +39,7 @@ class ChatService:
         self._retry = RetryPolicy.from_config(gateway.config.retry)
         self._timeout_s = gateway.config.server.request_timeout_s
         self._default_max_tokens = gateway.config.server.default_max_tokens
+        self._max_messages = gateway.config.server.max_messages
 
     def route_for(self, tenant: Tenant, model: str) -> ModelRoute:
         route = self._gateway.routes.get(model)
@@ -56,6 +57,10 @@ class ChatService:
         record.task_id = task_id_of(headers.get("x-task-id"))
         head = parse_head(body)
         record.model = head.model
+        if len(head.messages) > self._max_messages:
+            raise InvalidRequest(
+                f"a request may hold at most {self._max_messages} messages", param="messages"
+            )
         route = self.route_for(tenant, head.model)
         targets = route.plan()
         prompt = estimate_prompt_tokens(head.messages)

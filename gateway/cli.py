@@ -97,8 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
     configure_logging(config.server.log_level)
-    grace_s = config.server.shutdown_grace_s
-    options = server.server_options(args.host, args.port, grace_s)
+    options = server.server_options(args.host, args.port, config.server)
     if args.workers > 1:
         return _serve_workers(args.config, args.workers, options)
     tracing.configure_from_env()

@@ -45,6 +45,11 @@ class ServerConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     default_max_tokens: PositiveInt = 4096
     invalid_keys_per_minute: PositiveInt = 30
     shutdown_grace_s: PositiveFloat = 30.0
+    max_messages: PositiveInt = 10_000
+    max_header_bytes: Annotated[int, Meta(ge=1024)] = 32 * 1024
+    client_timeout_s: PositiveFloat = 30.0
+    idle_timeout_s: PositiveFloat = 5.0
+    max_connections: PositiveInt = 4096
 
 
 class RedisConfig(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

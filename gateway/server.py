@@ -29,9 +29,10 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 from gateway import shutdown
+from gateway.config import ServerConfig
+from gateway.http_protocol import GatewayHttpProtocol, GatewayServerConfig
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-DEFAULT_GRACE_S = 30.0
 
 
 class GatewayServer(uvicorn.Server):
@@ -64,17 +65,23 @@ class GatewaySupervisor(Multiprocess):
         super().terminate_all()
 
 
-def server_options(host: str, port: int, grace_s: float = DEFAULT_GRACE_S) -> dict[str, Any]:
-    """uvicorn settings for the gateway: fastest loop and parser available, no access log."""
+def server_options(host: str, port: int, server: ServerConfig | None = None) -> dict[str, Any]:
+    """uvicorn settings for the gateway: uvloop, httptools with the client limits of ``server``
+    (:mod:`gateway.http_protocol`), no access log."""
+    server = server or ServerConfig()
     return {
         "host": host,
         "port": port,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "http": GatewayHttpProtocol,
         "log_config": None,
         "access_log": False,
         "server_header": False,
-        "timeout_graceful_shutdown": grace_s,
+        "timeout_graceful_shutdown": server.shutdown_grace_s,
+        "timeout_keep_alive": server.idle_timeout_s,
+        "max_header_bytes": server.max_header_bytes,
+        "client_timeout_s": server.client_timeout_s,
+        "max_connections": server.max_connections,
     }
 
 
@@ -82,9 +89,9 @@ def run(app: Any, options: dict[str, Any], workers: int = 1) -> int:
     """Serve ``app`` (an ASGI app, or an import string of a factory when ``workers`` > 1) until
     stopped; the exit status (0, or uvicorn's startup failure status when a worker could not start)."""
     if workers == 1:
-        GatewayServer(uvicorn.Config(app, **options)).run()
+        GatewayServer(GatewayServerConfig(app, **options)).run()
         return 0
-    config = uvicorn.Config(app, factory=True, workers=workers, **options)
+    config = GatewayServerConfig(app, factory=True, workers=workers, **options)
     supervisor = GatewaySupervisor(config, sockets=[config.bind_socket()])
     supervisor.run()
     failed = any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes)

@@ -1,0 +1,138 @@
+"""The gateway's HTTP/1.1 server protocol: uvicorn's httptools protocol plus the limits it lacks.
+
+uvicorn bounds a request's body only through the app, and with httptools it bounds neither the
+size of a request head nor the time a client may take to send a request, nor the number of open
+connections (its ``limit_concurrency`` answers a plain-text 503 once the limit is reached, and
+only after the head has been read). A client that trickles bytes, or opens thousands of idle
+connections, could hold a worker's memory and sockets. This subclass adds, per worker:
+
+- ``max_header_bytes``: the request line and headers together; over it, 431 and the connection
+  closes;
+- ``client_timeout_s``: a connection must begin a request within it, and each request's head and
+  body must arrive within it of the request's first byte; past it, 408 (if no response has
+  started) and the connection closes;
+- ``max_connections``: open connections; one more is closed as soon as it is accepted;
+- malformed HTTP is answered 400, like the rest, in the OpenAI error shape.
+
+Keep-alive connections idle between requests close after uvicorn's ``timeout_keep_alive``
+(``server.idle_timeout_s``). The limits travel in :class:`GatewayServerConfig`, which uvicorn
+hands to every protocol instance (and, pickled, to every worker process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+
+class GatewayServerConfig(uvicorn.Config):
+    """uvicorn's config with the client limits of :class:`GatewayHttpProtocol`."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        max_header_bytes: int = 32 * 1024,
+        client_timeout_s: float = 30.0,
+        max_connections: int = 4096,
+        **options: Any,
+    ) -> None:
+        super().__init__(app, **options)
+        self.max_header_bytes = max_header_bytes
+        self.client_timeout_s = client_timeout_s
+        self.max_connections = max_connections
+
+
+class _Rejected(Exception):
+    """Raised from a parser callback to stop reading a request that breaks a limit."""
+
+
+def error_bytes(status: int, code: str, message: str) -> bytes:
+    """A whole HTTP/1.1 response with an OpenAI error body, closing the connection."""
+    body = msgspec.json.encode(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    )
+    head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+    return STATUS_LINE[status] + head + body
+
+
+class GatewayHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with head-size, request-time and connection-count limits."""
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self._max_head = int(getattr(config, "max_header_bytes", 32 * 1024))
+        self._timeout_s = float(getattr(config, "client_timeout_s", 30.0))
+        self._max_connections = int(getattr(config, "max_connections", 4096))
+        self._head_bytes = 0
+        self._rejection: bytes | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self._max_connections:
+            self.transport.abort()
+            return
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn calls this for any parser error, including the _Rejected raised in a callback.
+        rejection, self._rejection = self._rejection, None
+        self._close_with(rejection or error_bytes(400, "invalid_request", "the request is not valid HTTP"))
+
+    def _count(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self._max_head:
+            message = f"the request line and headers are over {self._max_head} bytes"
+            self._rejection = error_bytes(431, "headers_too_large", message)
+            raise _Rejected
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(self._timeout_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _too_slow(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started:
+            self.transport.close()
+            return
+        message = f"the request did not arrive within {self._timeout_s:g} s"
+        self._close_with(error_bytes(408, "request_timeout", message))
+
+    def _close_with(self, response: bytes) -> None:
+        self._disarm()
+        self.transport.write(response)
+        self.transport.close()
