@@ -208,6 +208,7 @@ class AnthropicChunkStream:
         self._response = response
         self._translator = translator
         self.usage: Usage | None = None
+        self._ended = False
 
     async def batches(self) -> AsyncIterator[list[bytes]]:
         # Closing the event generator when the stream stops at message_stop releases it now
@@ -226,6 +227,7 @@ class AnthropicChunkStream:
                         break
                     self.usage = translator.usage
                     if translator.finished:
+                        self._ended = True
                         break
                 if chunks:
                     yield chunks
@@ -241,4 +243,4 @@ class AnthropicChunkStream:
         return each_chunk(self)
 
     async def aclose(self) -> None:
-        await self._response.aclose()
+        await self._response.aclose(finish=self._ended)

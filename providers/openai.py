@@ -92,6 +92,7 @@ class OpenAIChunkStream:
         self._response = response
         self._include_usage = include_usage
         self.usage: Usage | None = None
+        self._ended = False
 
     async def batches(self) -> AsyncIterator[list[bytes]]:
         events = sse_batches(self._response.aiter_bytes())
@@ -102,7 +103,7 @@ class OpenAIChunkStream:
                 done = False
                 for data in batch:
                     if data == b"[DONE]":
-                        done = True
+                        done = self._ended = True
                         break
                     try:
                         keep = self._keep(data)
@@ -137,4 +138,4 @@ class OpenAIChunkStream:
         return each_chunk(self)
 
     async def aclose(self) -> None:
-        await self._response.aclose()
+        await self._response.aclose(finish=self._ended)

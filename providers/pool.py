@@ -33,6 +33,8 @@ from gateway.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 READ_SIZE = 64 * 1024
 MAX_HEAD_BYTES = 64 * 1024
+FINISH_S = 1.0
+FINISH_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,10 @@ class _ServerClosed(Exception):
     """The server closed the connection before sending any part of a response."""
 
 
+class _PastTheEnd(Exception):
+    """Raised in a parser callback to stop parsing: the head is too large, or the response is over."""
+
+
 def _tls_context() -> ssl.SSLContext:
     try:
         import certifi  # installed with httpx; the same CA bundle the SDKs use
@@ -79,9 +85,11 @@ class _Connection:
         "complete",
         "ends_at_close",
         "head_bytes",
+        "head_too_large",
         "headers",
         "headers_done",
         "idle_since",
+        "informational",
         "keep_alive",
         "parser",
         "reader",
@@ -102,13 +110,23 @@ class _Connection:
         self.chunks: list[bytes] = []
         self.headers_done = False
         self.complete = False
+        self.informational = False
         self.ends_at_close = True
         self.keep_alive = False
         self.received = False
         self.head_bytes = 0
+        self.head_too_large = False
 
-    # httptools callbacks
+    # httptools callbacks. One raising stops the parser (feed_data raises HttpParserError).
+    def on_message_begin(self) -> None:
+        if self.complete:  # bytes past the end of the response: not part of it
+            raise _PastTheEnd
+
+    def on_status(self, status: bytes) -> None:
+        self._count(len(status) + 16)
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         if key in ("content-length", "transfer-encoding"):
@@ -117,6 +135,11 @@ class _Connection:
         self.headers[key] = text if previous is None else f"{previous}, {text}"
 
     def on_headers_complete(self) -> None:
+        if self.parser.get_status_code() < 200:  # 1xx (RFC 9110 15.2): skipped, the real head follows
+            self.informational = True
+            self.headers = {}
+            self.ends_at_close = True
+            return
         self.headers_done = True
         self.keep_alive = self.parser.should_keep_alive()
 
@@ -124,7 +147,16 @@ class _Connection:
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        if self.informational:
+            self.informational = False
+            return
         self.complete = True
+
+    def _count(self, size: int) -> None:
+        self.head_bytes += size
+        if self.head_bytes > MAX_HEAD_BYTES:
+            self.head_too_large = True
+            raise _PastTheEnd
 
     async def feed(self) -> None:
         """Read once from the socket into the parser (the caller bounds the wait)."""
@@ -140,16 +172,19 @@ class _Connection:
             self._eof()
             return
         self.received = True
-        if not self.headers_done:
-            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            if self.head_too_large:
+                raise UpstreamError(
+                    "the upstream sent an oversized response head", breaker_failure=True
+                ) from None
+            if self.complete:  # a whole response, then junk: keep the response, not the connection
+                self.keep_alive = False
+                return
             raise UpstreamError(
                 "the upstream sent a malformed HTTP response", retryable=True, breaker_failure=True
             ) from exc
-        if not self.headers_done and self.head_bytes > MAX_HEAD_BYTES:
-            raise UpstreamError("the upstream sent an oversized response head", breaker_failure=True)
 
     def _eof(self) -> None:
         if not self.received:
@@ -160,6 +195,12 @@ class _Connection:
         raise UpstreamError(
             "the upstream closed the connection mid-response", retryable=True, breaker_failure=True
         )
+
+    def idle_and_quiet(self) -> bool:
+        """Whether an idle connection can carry a request: not closed by the server, and nothing
+        unasked-for waiting on it (a server may say "408" as it closes an idle connection)."""
+        # StreamReader has no public way to see buffered bytes; ``_buffer`` has been there since 3.4.
+        return not self.reader.at_eof() and not getattr(self.reader, "_buffer", b"")
 
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and not self.ends_at_close
@@ -221,7 +262,21 @@ class UpstreamResponse:
             parts.append(chunk)
         return b"".join(parts)
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, finish: bool = False) -> None:
+        """Give the connection back. ``finish``: the caller has all it wanted (a stream's end
+        marker) but the body may not be over yet; its last bytes (the chunked terminator, which
+        servers often send in a write of its own) are read in the background, bounded, so the
+        connection can be reused instead of closed."""
+        conn = self._conn
+        if finish and conn is not None and not conn.complete:
+            self._conn = None
+            self._pool.finish_later(conn)
+            return
+        self._release()
+
+    def __del__(self) -> None:
+        # A response dropped unclosed (a bug, or a task torn down at exit) must not keep its
+        # connection slot forever: the pool would shrink by one each time.
         self._release()
 
     def _release(self) -> None:
@@ -249,6 +304,7 @@ class UpstreamPool:
         self._keepalive_s = keepalive_s
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[_Connection] = []
+        self._finishing: set[asyncio.Task[None]] = set()
         self._closed = False
         self._tls = _tls_context() if self.origin.scheme == "https" else None
         self._fixed_head = "".join(
@@ -327,7 +383,7 @@ class UpstreamPool:
         now = asyncio.get_running_loop().time()
         while self._idle:
             conn = self._idle.pop()
-            if now - conn.idle_since < self._keepalive_s and not conn.reader.at_eof():
+            if now - conn.idle_since < self._keepalive_s and conn.idle_and_quiet():
                 return conn
             conn.close()
         return None
@@ -353,6 +409,26 @@ class UpstreamPool:
             ) from exc
         return _Connection(reader, writer)
 
+    def finish_later(self, conn: _Connection) -> None:
+        """Read what is left of a response (at most ``FINISH_BYTES``, within ``FINISH_S``), then
+        release its connection: reused if the response ended, closed if not."""
+        task = asyncio.get_running_loop().create_task(self._finish(conn))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
+    async def _finish(self, conn: _Connection) -> None:
+        try:
+            size = 0
+            async with asyncio.timeout(FINISH_S):
+                while not conn.complete and size <= FINISH_BYTES:
+                    await conn.feed()
+                    size += sum(map(len, conn.chunks))
+                    conn.chunks.clear()
+        except (TimeoutError, UpstreamError, _ServerClosed):
+            pass  # not reusable: release closes it
+        finally:
+            self.release(conn)
+
     def release(self, conn: _Connection) -> None:
         """Take a connection back after its response: kept if fully read and reusable, else closed."""
         if conn.reusable() and not self._closed:
@@ -365,6 +441,8 @@ class UpstreamPool:
 
     async def aclose(self) -> None:
         self._closed = True
+        for task in list(self._finishing):
+            task.cancel()
         while self._idle:
             self._idle.pop().close()
 

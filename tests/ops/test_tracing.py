@@ -1,13 +1,11 @@
-"""Spans of a request, collected in memory from the app in process (respx shapes the upstream)."""
+"""Spans of a request, collected in memory from the app in process, in front of a scripted upstream."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
 
-import httpx
 import pytest
-import respx
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider, sampling
@@ -26,9 +24,9 @@ from gateway.config import (
     TenantConfig,
 )
 from gateway.secret import Secret, key_hash
+from tests.scripted_upstream import Reply, ScriptedUpstream
 
 KEY = "unit-test-key-tracing-0123"
-UPSTREAM = "http://upstream.test/v1"
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
 TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
@@ -44,11 +42,17 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 HEADERS = {"authorization": f"Bearer {KEY}", "traceparent": TRACEPARENT}
 
 
-def config() -> Config:
+def config(upstream_url: str = "http://127.0.0.1:9/v1") -> Config:
     return Config(
         retry=RetryConfig(attempts=2, base_delay_ms=0, max_delay_ms=0),
         providers=[
-            ProviderConfig(name="up", type="openai", base_url=UPSTREAM, api_key=Secret("sk-upstream-x")),
+            ProviderConfig(
+                name="up",
+                type="openai",
+                base_url=upstream_url,
+                api_key=Secret("sk-upstream-x"),
+                read_timeout_s=5.0,
+            ),
             ProviderConfig(name="local", type="mock"),
         ],
         models=[
@@ -60,14 +64,23 @@ def config() -> Config:
 
 
 @pytest.fixture
+def upstream() -> Iterator[ScriptedUpstream]:
+    """The upstream on its own loop in a thread: the test client runs the app behind a blocking portal,
+    which blocks the test's own loop while a request is in flight."""
+    with ScriptedUpstream() as server:
+        yield server
+    assert not server.errors, server.errors
+
+
+@pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:
     """Spans of the app made in the test; tracing goes back to the (unset) global provider after."""
     yield InMemorySpanExporter()
     tracing.use_provider()
 
 
-def traced_app(exporter: InMemorySpanExporter) -> Litestar:
-    app = create_app(config())
+def traced_app(exporter: InMemorySpanExporter, upstream_url: str | None = None) -> Litestar:
+    app = create_app(config() if upstream_url is None else config(upstream_url))
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     assert tracing.use_provider(provider)
@@ -83,17 +96,11 @@ def span_id(span: ReadableSpan) -> str:
     return format(span.context.span_id, "016x")
 
 
-@respx.mock(assert_all_called=True)
 async def test_retried_request_span_tree(
-    exporter: InMemorySpanExporter, respx_mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
+    exporter: InMemorySpanExporter, upstream: ScriptedUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
-    upstream = respx_mock.post(f"{UPSTREAM}/chat/completions").mock(
-        side_effect=[
-            httpx.Response(500, json={"error": {"message": "boom"}}),
-            httpx.Response(200, json=COMPLETION),
-        ]
-    )
-    app = traced_app(exporter)
+    upstream.script(Reply(500, json={"error": {"message": "boom"}}), Reply(200, json=COMPLETION))
+    app = traced_app(exporter, upstream.url + "/v1")
     caplog.set_level(logging.INFO, logger="modelgate.request")
     async with AsyncTestClient(app) as client:
         response = await client.post("/v1/chat/completions", json=BODY, headers=HEADERS)
@@ -134,7 +141,8 @@ async def test_retried_request_span_tree(
         "http.response.status_code": 200,
     }
     # Each upstream call is a child of its attempt's span, in the client's trace.
-    sent = [call.request.headers["traceparent"] for call in upstream.calls]
+    assert [(r.method, r.path) for r in upstream.requests] == [("POST", "/v1/chat/completions")] * 2
+    sent = [request.headers["traceparent"] for request in upstream.requests]
     assert sent == [f"00-{CLIENT_TRACE}-{span_id(first)}-01", f"00-{CLIENT_TRACE}-{span_id(second)}-01"]
     (line,) = [r for r in caplog.records if r.getMessage() == "request"]
     assert line.fields["trace_id"] == CLIENT_TRACE  # type: ignore[attr-defined]
@@ -170,14 +178,11 @@ async def test_health_is_not_traced_and_an_error_is_on_the_server_span(
 
 
 @pytest.mark.parametrize("sampled_out", [False, True], ids=["no-provider", "sampled-out"])
-@respx.mock
 async def test_without_recording_no_span_is_made_and_the_trace_passes_through(
-    exporter: InMemorySpanExporter, respx_mock: respx.MockRouter, sampled_out: bool
+    exporter: InMemorySpanExporter, upstream: ScriptedUpstream, sampled_out: bool
 ) -> None:
-    upstream = respx_mock.post(f"{UPSTREAM}/chat/completions").mock(
-        return_value=httpx.Response(200, json=COMPLETION)
-    )
-    app = create_app(config())
+    upstream.respond(200, json=COMPLETION)
+    app = create_app(config(upstream.url + "/v1"))
     assert not tracing.enabled()
     if sampled_out:
         provider = TracerProvider(sampler=sampling.ALWAYS_OFF)
@@ -186,5 +191,7 @@ async def test_without_recording_no_span_is_made_and_the_trace_passes_through(
     async with AsyncTestClient(app) as client:
         response = await client.post("/v1/chat/completions", json=BODY, headers=HEADERS)
     assert response.status_code == 200
-    assert upstream.calls.last.request.headers["traceparent"] == TRACEPARENT
+    assert len(upstream.requests) == 1
+    assert upstream.last.headers["traceparent"] == TRACEPARENT
+    assert "tracestate" not in upstream.last.headers
     assert exporter.get_finished_spans() == ()

@@ -1,22 +1,21 @@
-"""The Anthropic adapter: request translation, replies, streams and errors, against a respx upstream."""
+"""The Anthropic adapter: request translation, replies, streams and errors, against a scripted upstream."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import msgspec
 import pytest
-import respx
 
 from gateway.config import ProviderConfig
 from gateway.errors import (
     InvalidRequest,
     UpstreamError,
     UpstreamRejected,
+    UpstreamTimeout,
     UpstreamUnavailable,
     render,
 )
@@ -24,8 +23,9 @@ from gateway.secret import Secret
 from providers.anthropic import AnthropicProvider
 from providers.anthropic_translate import anthropic_request
 from providers.base import ChatCall, ChatHead, Usage
+from tests.scripted_upstream import ScriptedUpstream, Stream
 
-BASE_URL = "https://anthropic.test/v1"
+SSE_HEADERS = {"content-type": "text/event-stream"}
 API_KEY = "sk-ant-test-0123456789-SECRET"
 MODEL = "claude-test-1"
 
@@ -103,17 +103,20 @@ def reply(content: list[dict[str, Any]], stop_reason: str = "end_turn", **usage:
 
 
 @pytest.fixture
-def upstream() -> Iterator[respx.MockRouter]:
-    with respx.mock(base_url=BASE_URL, assert_all_called=True) as router:
-        yield router
-
-
-@pytest.fixture
-async def provider() -> AsyncIterator[AnthropicProvider]:
-    config = ProviderConfig(name="claude", type="anthropic", base_url=BASE_URL, api_key=Secret(API_KEY))
+async def provider(upstream: ScriptedUpstream) -> AsyncIterator[AnthropicProvider]:
+    config = ProviderConfig(
+        name="claude",
+        type="anthropic",
+        base_url=upstream.url + "/v1",
+        api_key=Secret(API_KEY),
+        read_timeout_s=0.5,
+        connect_timeout_s=0.5,
+    )
     adapter = AnthropicProvider(config)
     yield adapter
     await adapter.aclose()
+    # every test
+    assert {(r.method, r.path) for r in upstream.requests} <= {("POST", "/v1/messages")}
 
 
 async def collect(provider: AnthropicProvider, call: ChatCall) -> tuple[list[dict[str, Any]], Usage | None]:
@@ -315,8 +318,8 @@ def test_untranslatable_requests_are_the_clients_fault(message: dict[str, Any]) 
 # --- whole replies -------------------------------------------------------------------------------
 
 
-async def test_text_reply_and_request_shape(upstream: respx.MockRouter, provider: AnthropicProvider) -> None:
-    route = upstream.post("/messages").respond(
+async def test_text_reply_and_request_shape(upstream: ScriptedUpstream, provider: AnthropicProvider) -> None:
+    upstream.respond(
         200,
         json=reply(
             [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}],
@@ -326,13 +329,18 @@ async def test_text_reply_and_request_shape(upstream: respx.MockRouter, provider
     )
     completion = await provider.complete(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
 
-    sent = route.calls.last.request
-    assert sent.url == f"{BASE_URL}/messages"
-    assert sent.headers["x-api-key"] == API_KEY
-    assert sent.headers["anthropic-version"] == "2023-06-01"
-    assert sent.headers["content-type"] == "application/json"
-    assert json.loads(sent.content)["model"] == MODEL
-    assert "stream" not in json.loads(sent.content)
+    sent = upstream.last
+    assert (sent.method, sent.path) == ("POST", "/v1/messages")
+    assert sent.headers == {
+        "host": f"127.0.0.1:{upstream.port}",
+        "content-type": "application/json",
+        "accept-encoding": "identity",
+        "anthropic-version": "2023-06-01",
+        "x-api-key": API_KEY,
+        "content-length": str(len(sent.body)),
+    }
+    assert sent.json()["model"] == MODEL
+    assert "stream" not in sent.json()
 
     body = json.loads(completion.body)
     assert body["object"] == "chat.completion"
@@ -349,12 +357,12 @@ async def test_text_reply_and_request_shape(upstream: respx.MockRouter, provider
     assert completion.usage == Usage(prompt_tokens=123, completion_tokens=5)
 
 
-async def test_tool_use_reply(upstream: respx.MockRouter, provider: AnthropicProvider) -> None:
+async def test_tool_use_reply(upstream: ScriptedUpstream, provider: AnthropicProvider) -> None:
     content = [
         {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo", "days": 2}},
         {"type": "tool_use", "id": "toolu_2", "name": "clock", "input": {}},
     ]
-    upstream.post("/messages").respond(200, json=reply(content, stop_reason="tool_use"))
+    upstream.respond(200, json=reply(content, stop_reason="tool_use"))
     completion = await provider.complete(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
 
     choice = json.loads(completion.body)["choices"][0]
@@ -379,18 +387,18 @@ async def test_tool_use_reply(upstream: respx.MockRouter, provider: AnthropicPro
     ],
 )
 async def test_stop_reasons(
-    upstream: respx.MockRouter, provider: AnthropicProvider, stop_reason: str, finish: str
+    upstream: ScriptedUpstream, provider: AnthropicProvider, stop_reason: str, finish: str
 ) -> None:
-    upstream.post("/messages").respond(200, json=reply([{"type": "text", "text": "x"}], stop_reason))
+    upstream.respond(200, json=reply([{"type": "text", "text": "x"}], stop_reason))
     completion = await provider.complete(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
     assert json.loads(completion.body)["choices"][0]["finish_reason"] == finish
 
 
 @pytest.mark.parametrize("body", [b"<html>oops</html>", b'{"content": "not a list"}', b""])
 async def test_unusable_reply_is_an_upstream_error(
-    upstream: respx.MockRouter, provider: AnthropicProvider, body: bytes
+    upstream: ScriptedUpstream, provider: AnthropicProvider, body: bytes
 ) -> None:
-    upstream.post("/messages").respond(200, content=body)
+    upstream.respond(200, body=body)
     with pytest.raises(UpstreamError) as caught:
         await provider.complete(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
     assert caught.value.status == 502
@@ -401,10 +409,10 @@ async def test_unusable_reply_is_an_upstream_error(
 
 
 async def test_client_error_is_passed_back_in_openai_shape(
-    upstream: respx.MockRouter, provider: AnthropicProvider
+    upstream: ScriptedUpstream, provider: AnthropicProvider
 ) -> None:
     error = {"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: too big"}}
-    upstream.post("/messages").respond(400, json=error)
+    upstream.respond(400, json=error)
     with pytest.raises(UpstreamRejected) as caught:
         await provider.complete(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
     status, body, _ = render(caught.value)
@@ -420,9 +428,9 @@ async def test_client_error_is_passed_back_in_openai_shape(
 
 
 async def test_unreadable_client_error_still_gets_openai_shape(
-    upstream: respx.MockRouter, provider: AnthropicProvider
+    upstream: ScriptedUpstream, provider: AnthropicProvider
 ) -> None:
-    upstream.post("/messages").respond(404, content=b"not found")
+    upstream.respond(404, body=b"not found")
     with pytest.raises(UpstreamRejected) as caught:
         await provider.complete(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
     error = json.loads(caught.value.body())["error"]
@@ -433,10 +441,10 @@ async def test_unreadable_client_error_still_gets_openai_shape(
 
 @pytest.mark.parametrize("status", [500, 529])
 async def test_server_errors_are_retryable(
-    upstream: respx.MockRouter, provider: AnthropicProvider, status: int
+    upstream: ScriptedUpstream, provider: AnthropicProvider, status: int
 ) -> None:
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
-    upstream.post("/messages").respond(status, json=error, headers={"retry-after": "2"})
+    upstream.respond(status, json=error, headers={"retry-after": "2"})
     with pytest.raises(UpstreamUnavailable) as caught:
         await provider.complete(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
     assert caught.value.retryable
@@ -445,21 +453,21 @@ async def test_server_errors_are_retryable(
 
 
 async def test_stream_open_failure_is_raised_by_stream(
-    upstream: respx.MockRouter, provider: AnthropicProvider
+    upstream: ScriptedUpstream, provider: AnthropicProvider
 ) -> None:
-    upstream.post("/messages").respond(529, json={"type": "error", "error": {"type": "overloaded_error"}})
+    upstream.respond(529, json={"type": "error", "error": {"type": "overloaded_error"}})
     with pytest.raises(UpstreamUnavailable):
         await provider.stream(make_call({"messages": [{"role": "user", "content": "Hi"}], "stream": True}))
 
 
 async def test_bad_credentials_never_leak_the_key(
-    upstream: respx.MockRouter, provider: AnthropicProvider
+    upstream: ScriptedUpstream, provider: AnthropicProvider
 ) -> None:
     error = {
         "type": "error",
         "error": {"type": "authentication_error", "message": f"invalid x-api-key {API_KEY}"},
     }
-    upstream.post("/messages").respond(401, json=error)
+    upstream.respond(401, json=error)
     with pytest.raises(UpstreamError) as caught:
         await provider.complete(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
     failure = caught.value
@@ -475,19 +483,19 @@ async def test_bad_credentials_never_leak_the_key(
 
 @pytest.mark.parametrize("include_usage", [True, False])
 async def test_text_stream(
-    upstream: respx.MockRouter, provider: AnthropicProvider, include_usage: bool
+    upstream: ScriptedUpstream, provider: AnthropicProvider, include_usage: bool
 ) -> None:
     events = [message_start(), {"type": "ping"}, *text_block(0, "Hel", "lo"), *message_end("end_turn", 9)]
     # Anything after message_stop must not be read, so trailing garbage is harmless.
-    route = upstream.post("/messages").respond(200, content=sse(*events) + b"data: {garbage\n\n")
+    upstream.respond(200, body=sse(*events) + b"data: {garbage\n\n", headers=SSE_HEADERS)
     request: dict[str, Any] = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
     if include_usage:
         request["stream_options"] = {"include_usage": True}
 
     chunks, usage = await collect(provider, make_call(request))
 
-    assert json.loads(route.calls.last.request.content)["stream"] is True
-    assert route.calls.last.request.headers["accept"] == "text/event-stream"
+    assert upstream.last.json()["stream"] is True
+    assert upstream.last.headers["accept"] == "text/event-stream"
     assert all(c["object"] == "chat.completion.chunk" and c["model"] == MODEL for c in chunks)
     assert len({c["id"] for c in chunks}) == 1
     assert deltas(chunks) == [{"role": "assistant", "content": ""}, {"content": "Hel"}, {"content": "lo"}, {}]
@@ -501,7 +509,7 @@ async def test_text_stream(
     assert usage == Usage(prompt_tokens=11, completion_tokens=9)
 
 
-async def test_tool_call_stream(upstream: respx.MockRouter, provider: AnthropicProvider) -> None:
+async def test_tool_call_stream(upstream: ScriptedUpstream, provider: AnthropicProvider) -> None:
     events = [
         message_start(),
         *text_block(0, "Let me check."),
@@ -509,7 +517,7 @@ async def test_tool_call_stream(upstream: respx.MockRouter, provider: AnthropicP
         *tool_block(2, "toolu_2", "clock"),
         *message_end("tool_use", 30),
     ]
-    upstream.post("/messages").respond(200, content=sse(*events))
+    upstream.stream([sse(*events)])
     chunks, usage = await collect(provider, make_call({"messages": [{"role": "user", "content": "Hi"}]}))
 
     tool_deltas = [d["tool_calls"][0] for d in deltas(chunks) if "tool_calls" in d]
@@ -525,16 +533,18 @@ async def test_tool_call_stream(upstream: respx.MockRouter, provider: AnthropicP
 
 
 async def test_stream_relays_each_event_without_buffering(
-    upstream: respx.MockRouter, provider: AnthropicProvider
+    upstream: ScriptedUpstream, provider: AnthropicProvider
 ) -> None:
     first_chunk_seen = asyncio.Event()
 
-    async def body() -> AsyncIterator[bytes]:
-        yield sse(message_start(), *text_block(0, "one")[:2])
-        await asyncio.wait_for(first_chunk_seen.wait(), timeout=5)
-        yield sse(*text_block(0, "two")[1:], *message_end())
-
-    upstream.post("/messages").mock(return_value=httpx.Response(200, content=body()))
+    # the second part is sent only once the first has come out as chunks (or the server gives up)
+    upstream.stream(
+        [
+            sse(message_start(), *text_block(0, "one")[:2]),
+            first_chunk_seen,
+            sse(*text_block(0, "two")[1:], *message_end()),
+        ]
+    )
     stream = await provider.stream(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
     received: list[dict[str, Any]] = []
     try:
@@ -551,9 +561,9 @@ async def test_stream_relays_each_event_without_buffering(
     ]
 
 
-async def test_error_event_mid_stream(upstream: respx.MockRouter, provider: AnthropicProvider) -> None:
+async def test_error_event_mid_stream(upstream: ScriptedUpstream, provider: AnthropicProvider) -> None:
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
-    upstream.post("/messages").respond(200, content=sse(message_start(), *text_block(0, "par")[:2], error))
+    upstream.stream([sse(message_start(), *text_block(0, "par")[:2], error)])
     stream = await provider.stream(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
     received: list[bytes] = []
     with pytest.raises(UpstreamError) as caught:
@@ -567,10 +577,10 @@ async def test_error_event_mid_stream(upstream: respx.MockRouter, provider: Anth
 
 
 async def test_stream_cut_before_message_stop(
-    upstream: respx.MockRouter, provider: AnthropicProvider
+    upstream: ScriptedUpstream, provider: AnthropicProvider
 ) -> None:
     events = [message_start(), *text_block(0, "par"), message_end()[0]]
-    upstream.post("/messages").respond(200, content=sse(*events))
+    upstream.stream([sse(*events)])
     stream = await provider.stream(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
     with pytest.raises(UpstreamError) as caught:
         async for _ in stream:
@@ -582,11 +592,56 @@ async def test_stream_cut_before_message_stop(
     assert stream.usage == Usage(prompt_tokens=11, completion_tokens=7)
 
 
-async def test_garbage_stream_event(upstream: respx.MockRouter, provider: AnthropicProvider) -> None:
-    upstream.post("/messages").respond(200, content=sse(message_start()) + b"data: {not json\n\n")
+async def test_garbage_stream_event(upstream: ScriptedUpstream, provider: AnthropicProvider) -> None:
+    upstream.stream([sse(message_start()) + b"data: {not json\n\n"])
     stream = await provider.stream(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
     with pytest.raises(UpstreamError) as caught:
         async for _ in stream:
             pass
     await stream.aclose()
     assert not caught.value.retryable
+
+
+async def test_stream_stalled_mid_way_times_out(
+    upstream: ScriptedUpstream, provider: AnthropicProvider
+) -> None:
+    upstream.stream([sse(message_start(), *text_block(0, "par")[:2])], end="stall")
+    stream = await provider.stream(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
+    received: list[bytes] = []
+    with pytest.raises(UpstreamTimeout) as caught:
+        async for chunk in stream:
+            received.append(chunk)
+    await stream.aclose()
+    assert len(received) == 2
+    assert caught.value.retryable
+    await upstream.wait_closed()  # a connection whose body never ended is not kept
+
+
+async def test_stream_closed_mid_way_is_a_retryable_error(
+    upstream: ScriptedUpstream, provider: AnthropicProvider
+) -> None:
+    upstream.stream([sse(message_start(), *text_block(0, "par")[:2])], end="close")
+    stream = await provider.stream(make_call({"messages": [{"role": "user", "content": "Hi"}]}))
+    with pytest.raises(UpstreamError) as caught:
+        async for _ in stream:
+            pass
+    await stream.aclose()
+    assert caught.value.retryable
+    assert caught.value.breaker_failure
+
+
+async def test_abandoned_stream_is_closed_and_a_finished_one_reused(
+    upstream: ScriptedUpstream, provider: AnthropicProvider
+) -> None:
+    events = [message_start(), *text_block(0, "hi"), *message_end()]
+    upstream.script(
+        Stream([sse(*events)]), Stream([sse(*events)]), Stream([sse(message_start())], end="stall")
+    )
+    call = make_call({"messages": [{"role": "user", "content": "Hi"}]})
+    for _ in range(2):
+        chunks, _usage = await collect(provider, call)
+        assert deltas(chunks)[1] == {"content": "hi"}
+    abandoned = await provider.stream(call)
+    await abandoned.aclose()
+    await upstream.wait_closed()
+    assert [r.connection for r in upstream.requests] == [1, 1, 1]
