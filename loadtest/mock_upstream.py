@@ -10,6 +10,13 @@ uvicorn on uvloop and httptools. Routes:
 * ``GET /_mock/stats``, ``GET|POST /_mock/config``, ``POST /_mock/reset`` -- the control API tests
   use to see what the upstream received and to change its behaviour at runtime.
 
+``/_mock/stats`` also tallies the tokens the mock served (``tokens``), so a soak can compare the
+gateway's accounting with the upstream's: ``replies``, ``prompt_tokens`` and ``completion_tokens``
+of the replies answered in mode ``ok`` (their reported usage); and for streams cut by ``stall`` or
+``close_mid_body`` after some events (which carry no usage), ``cut_streams``, their
+``cut_prompt_tokens`` (the usage they would have reported) and ``cut_events`` (the data events sent
+before the cut).
+
 Per chat request: count it, decode it (400 if it is not valid), wait ``latency_ms``, answer 500 or
 429 with probability ``error_rate`` / ``rate_429``, then answer as ``mode`` says
 (:mod:`loadtest.mock_faults`).
@@ -43,11 +50,19 @@ from loadtest.mock_asgi import (
 )
 from loadtest.mock_faults import Exchange, answer, send_error
 from loadtest.mock_settings import MockSettings, SettingsError, as_dict, patched, validate
-from loadtest.mock_wire import ANTHROPIC, MODELS_BODY, OPENAI, DecodeErrors, Dialect
+from loadtest.mock_wire import ANTHROPIC, DONE, MODELS_BODY, OPENAI, DecodeErrors, Dialect, Reply
 
 __all__ = ["ASGIApp", "MockSettings", "MockUpstream", "create_app", "serve"]
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+TOKEN_TALLIES = (
+    "replies",
+    "prompt_tokens",
+    "completion_tokens",
+    "cut_streams",
+    "cut_prompt_tokens",
+    "cut_events",
+)
 
 
 class Stats:
@@ -56,6 +71,7 @@ class Stats:
     def __init__(self) -> None:
         self.by_route: Counter[str] = Counter()
         self.by_status: Counter[int] = Counter()
+        self.tokens: Counter[str] = Counter()
         self.last_headers: Headers = []
         self.last_body: bytes | None = None
 
@@ -68,6 +84,16 @@ class Stats:
             await send(message)
 
         return counted
+
+    def served(self, settings: MockSettings, reply: Reply) -> None:
+        """Tally the tokens of a reply just answered under ``settings`` (see the module docstring)."""
+        prompt, completion = reply.usage
+        if settings.mode == "ok":
+            self.tokens.update(replies=1, prompt_tokens=prompt, completion_tokens=completion)
+        elif settings.mode in ("stall", "close_mid_body") and reply.stream:
+            sent = sum(1 for event in reply.events[: settings.stall_after] if event != DONE)
+            if sent:
+                self.tokens.update(cut_streams=1, cut_prompt_tokens=prompt, cut_events=sent)
 
     def remember(self, headers: Headers, body: bytes) -> None:
         self.last_headers = headers
@@ -83,6 +109,7 @@ class Stats:
                 "last_headers": header_dict(self.last_headers),
                 "last_body": _json_or_none(self.last_body),
                 "waiting": waiting,
+                "tokens": {name: self.tokens[name] for name in TOKEN_TALLIES},
             }
         )
 
@@ -165,6 +192,7 @@ class MockUpstream:
             await send_error(send, dialect, injected, f"mock upstream: injected {injected}")
             return
         await answer(Exchange(send, receive, self.watchers, dialect, reply, settings))
+        stats.served(settings, reply)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_bytes(send, 200, MODELS_BODY)

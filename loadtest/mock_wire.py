@@ -34,11 +34,13 @@ MODELS_BODY = _encode(
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """What to answer one request with: ``body`` for a plain reply, ``events`` for a stream."""
+    """What to answer one request with: ``body`` for a plain reply, ``events`` for a stream;
+    ``usage`` is (prompt, completion) tokens, as the reply reports them."""
 
     stream: bool
     body: bytes = b""
     events: tuple[bytes, ...] = ()
+    usage: tuple[int, int] = (0, 0)
 
 
 class Dialect(Protocol):
@@ -71,10 +73,11 @@ class OpenAIDialect:
         head = msgspec.json.decode(body, type=ChatHead)
         text = reply_words(head, default=words)
         usage = usage_for(head, text)
+        counts = (usage.prompt_tokens, usage.completion_tokens)
         if not head.stream:
-            return Reply(False, body=completion_body(head.model, text, usage))
+            return Reply(False, body=completion_body(head.model, text, usage), usage=counts)
         chunks = ChunkBuilder(head.model).all(text, usage, head.include_usage)
-        return Reply(True, events=(*(b"data: " + c + b"\n\n" for c in chunks), DONE))
+        return Reply(True, events=(*(b"data: " + c + b"\n\n" for c in chunks), DONE), usage=counts)
 
     def error_body(self, status: int, message: str) -> bytes:
         kind, code = _OPENAI_ERRORS.get(status, ("server_error", "upstream_error"))
@@ -151,6 +154,7 @@ class AnthropicDialect:
     def reply(self, body: bytes, words: int) -> Reply:
         head = msgspec.json.decode(body, type=AnthropicHead)
         text = reply_words(ChatHead(model=head.model, messages=[], max_tokens=head.max_tokens), default=words)
+        counts = (anthropic_input_tokens(head.messages), len(text))
         message = {
             "id": f"msg_{uuid.uuid4().hex[:24]}",
             "type": "message",
@@ -159,11 +163,11 @@ class AnthropicDialect:
             "content": [{"type": "text", "text": "".join(text)}],
             "stop_reason": "end_turn",
             "stop_sequence": None,
-            "usage": {"input_tokens": anthropic_input_tokens(head.messages), "output_tokens": len(text)},
+            "usage": {"input_tokens": counts[0], "output_tokens": counts[1]},
         }
         if head.stream:
-            return Reply(True, events=_anthropic_events(message, text))
-        return Reply(False, body=_encode(message))
+            return Reply(True, events=_anthropic_events(message, text), usage=counts)
+        return Reply(False, body=_encode(message), usage=counts)
 
     def error_body(self, status: int, message: str) -> bytes:
         kind = _ANTHROPIC_ERRORS.get(status, "api_error")

@@ -115,7 +115,7 @@ async def provider(upstream: ScriptedUpstream) -> AsyncIterator[AnthropicProvide
     adapter = AnthropicProvider(config)
     yield adapter
     await adapter.aclose()
-    # every test
+    # every request of every test went to the one endpoint
     assert {(r.method, r.path) for r in upstream.requests} <= {("POST", "/v1/messages")}
 
 

@@ -111,7 +111,7 @@ async def provider(upstream: ScriptedUpstream) -> AsyncIterator[OpenAIProvider]:
     adapter = OpenAIProvider(config(upstream.url + "/v1"))
     yield adapter
     await adapter.aclose()
-    # every test
+    # every request of every test went to the one endpoint
     assert {(r.method, r.path) for r in upstream.requests} <= {("POST", "/v1/chat/completions")}
 
 
