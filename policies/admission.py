@@ -56,6 +56,11 @@ class QuotaCheck:
     resets_in_s: float | None = None
     """When the budget period ends (None: waiting will not help)."""
 
+    @property
+    def leases(self) -> str:
+        """The sorted set leasing each admitted request's reservation (see :func:`reservation`)."""
+        return reservation_leases(self.key)
+
 
 @dataclass(frozen=True, slots=True)
 class BreakerCheck:
@@ -117,11 +122,29 @@ class ReleaseSlot:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseReservation:
-    """Give back what a quota reservation held (the actual spend is an ``Increment``)."""
+    """Give back what a quota reservation held (the actual spend is an ``Increment``), once: only
+    while its lease is still there (an expired lease was already given back by admission)."""
 
     key: str
     field: str
     amount: float
+
+    @property
+    def leases(self) -> str:
+        return reservation_leases(self.key)
+
+
+def reservation_leases(usage_key: str) -> str:
+    """Reservations on a usage hash are leased like concurrency slots, in a sorted set scored by
+    expiry and renewed while the request runs, so a worker killed mid-request cannot hold its
+    reservation (and the tenant's budget) forever: the next admission against the hash gives
+    back every expired one."""
+    return f"{usage_key}:res"
+
+
+def reservation(slot: str, field: str, amount: float) -> str:
+    """A reservation's lease member: what to give back, and to which field, if it expires."""
+    return f"{slot}|{field}|{amount!r}"
 
 
 @dataclass(frozen=True, slots=True)

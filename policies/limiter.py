@@ -45,6 +45,7 @@ from policies.admission import (
     ReleaseSlot,
     SettleOp,
     SlotCheck,
+    reservation,
 )
 from policies.breakers import Breakers
 from policies.durations import go_duration
@@ -307,12 +308,18 @@ class Limiter:
         return (*_checks(partial(self.keys.provider, target.provider_name), limits, reserve, share), breaker)
 
     def _hold(self, ticket: Ticket) -> None:
+        """Keep renewing the leases of the ticket's concurrency slots and quota reservations."""
         slots = [
             (c.key, ticket.slot)
             for group in (ticket.tenant, *(held.checks for held in ticket.held))
             for c in group
             if isinstance(c, SlotCheck)
         ]
+        slots.extend(
+            (c.leases, reservation(ticket.slot, c.reserved, c.reserve))
+            for c in ticket.tenant
+            if isinstance(c, QuotaCheck)
+        )
         if slots and ticket.store is self._store:
             self._in_flight[ticket.slot] = slots
 

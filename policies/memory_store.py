@@ -30,6 +30,7 @@ from policies.admission import (
     SetField,
     SettleOp,
     SlotCheck,
+    reservation,
 )
 
 MS_PER_MINUTE = 60_000
@@ -175,6 +176,7 @@ class MemoryStore:
         if isinstance(check, BreakerCheck):
             passes, wait, _ = self._breaker_verdict(check, now)
             return None if passes else wait / 1000
+        self._reclaim(check.leases, check.key, now)
         usage = self.hashes.get(check.key, {})
         used = float(usage.get(check.spent, 0)) + float(usage.get(check.reserved, 0))
         return None if used + check.reserve <= check.limit else -1.0
@@ -210,7 +212,17 @@ class MemoryStore:
                 probe = self._take_probe(check, now) or probe
             else:
                 self._add(check.key, check.reserved, check.reserve)
+                member = reservation(slot, check.reserved, check.reserve)
+                self.slots.setdefault(check.leases, {})[member] = now + self._lease_ms
         return tuple(report), probe
+
+    def _reclaim(self, leases: str, key: str, now: float) -> None:
+        """Give back the reservations whose leases expired (their requests' workers died)."""
+        held = self.slots.get(leases, {})
+        for member in [m for m, expiry in held.items() if expiry <= now]:
+            del held[member]
+            _, field, amount = member.split("|")
+            self._add(key, field, -float(amount))
 
     def _take_probe(self, check: BreakerCheck, now: float) -> str:
         verdict = self._breaker_verdict(check, now)[2]
@@ -234,7 +246,8 @@ class MemoryStore:
         elif isinstance(op, ReleaseSlot):
             self.slots.get(op.key, {}).pop(slot, None)
         elif isinstance(op, ReleaseReservation):
-            self._add(op.key, op.field, -op.amount)
+            if self.slots.get(op.leases, {}).pop(reservation(slot, op.field, op.amount), None) is not None:
+                self._add(op.key, op.field, -op.amount)
         elif isinstance(op, Increment):
             for field, amount in op.fields:
                 self._add(op.key, field, amount)

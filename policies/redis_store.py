@@ -34,6 +34,7 @@ from policies.admission import (
     SetField,
     SettleOp,
     SlotCheck,
+    reservation,
 )
 from policies.redis_pipe import RedisPipe, Script
 
@@ -65,7 +66,7 @@ class RedisStore:
     def __init__(self, pipe: RedisPipe, lease_ms: int = LEASE_MS) -> None:
         self.pipe = pipe
         self._lease_ms = lease_ms
-        self._admit = Script(load_script("admit_v2.lua"))
+        self._admit = Script(load_script("admit_v3.lua"))
         self._settle = Script(load_script("settle_v3.lua"))
         self._breaker = Script(load_script("breaker_v1.lua"))
         self._peek = Script(load_script("peek_v1.lua"))
@@ -79,8 +80,9 @@ class RedisStore:
 
     async def admit(self, request: AdmissionRequest) -> Decision:
         index = _KeyIndex()
-        groups = [[_check(c, index) for c in request.tenant]]
-        groups.extend([_check(c, index) for c in group] for group in request.candidates)
+        slot = request.slot
+        groups = [[_check(c, index, slot) for c in request.tenant]]
+        groups.extend([_check(c, index, slot) for c in group] for group in request.candidates)
         spec = _encode({"groups": groups, "slot": request.slot, "lease_ms": self._lease_ms})
         reply: list[Any] = await self.pipe.evalsha(self._admit, index.keys, [spec])
         if reply[0] == 1:
@@ -97,7 +99,7 @@ class RedisStore:
 
     async def settle(self, slot: str, ops: Sequence[SettleOp]) -> list[str]:
         index = _KeyIndex()
-        encoded = [_op(op, index) for op in ops]
+        encoded = [_op(op, index, slot) for op in ops]
         spec = _encode({"ops": encoded, "slot": slot})
         closed: list[Any] = await self.pipe.evalsha(self._settle, index.keys, [spec])
         return [index.keys[int(i) - 1] for i in closed]
@@ -124,17 +126,19 @@ class RedisStore:
         return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
-def _check(check: Check, index: _KeyIndex) -> list[Any]:
+def _check(check: Check, index: _KeyIndex, slot: str) -> list[Any]:
     if isinstance(check, BucketCheck):
         return ["b", index(check.key), check.capacity, check.cost]
     if isinstance(check, SlotCheck):
         return ["c", index(check.key), check.limit]
     if isinstance(check, BreakerCheck):
         return ["k", index(check.key), check.reset_ms, check.probes, check.probe_ttl_ms]
-    return ["q", index(check.key), check.limit, check.reserve, check.spent, check.reserved]
+    member = reservation(slot, check.reserved, check.reserve)
+    row = ["q", index(check.key), check.limit, check.reserve, check.spent, check.reserved]
+    return [*row, index(check.leases), member]
 
 
-def _op(op: SettleOp, index: _KeyIndex) -> list[Any]:
+def _op(op: SettleOp, index: _KeyIndex, slot: str) -> list[Any]:
     """One settle op as settle_v3.lua reads it."""
     key = index(op.key)
     match op:
@@ -143,7 +147,8 @@ def _op(op: SettleOp, index: _KeyIndex) -> list[Any]:
         case ReleaseSlot():
             row = ["c", key]
         case ReleaseReservation():
-            row = ["q", key, op.field, op.amount]
+            member = reservation(slot, op.field, op.amount)
+            row = ["q", key, op.field, op.amount, index(op.leases), member]
         case Increment():
             row = ["i", key]
             for field, amount in op.fields:

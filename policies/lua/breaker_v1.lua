@@ -1,6 +1,6 @@
 -- breaker_v1: record one failed call at a target, or reset its breaker, atomically.
 --
--- KEYS[1] is the breaker hash {s, f, o, p, h} (see admit_v2). ARGV[1] is "fail" or "reset";
+-- KEYS[1] is the breaker hash {s, f, o, p, h} (see admit_v3). ARGV[1] is "fail" or "reset";
 -- for "fail", ARGV[2] is the failure threshold. A failure while closed counts towards the
 -- threshold and opens the breaker when it is reached; a failure while half-open (a probe
 -- failed) opens it again at once; a failure while open changes nothing.

@@ -1,5 +1,5 @@
 -- peek_v1: the levels of some token buckets, without taking anything.
--- KEYS are bucket hashes {v, t} (see admit_v2); ARGV[i] is the capacity of KEYS[i].
+-- KEYS are bucket hashes {v, t} (see admit_v3); ARGV[i] is the capacity of KEYS[i].
 -- Returns {level, ms until full} per bucket, with the refill up to Redis' TIME.
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)

@@ -4,7 +4,10 @@
 --   {"b", key_index, capacity, delta}   move a token bucket by -delta after refilling it
 --                                       (delta = actual - reserved: a refund when negative)
 --   {"c", key_index}                    free this request's concurrency slot
---   {"q", key_index, field, amount}     a quota: release `amount` of the reservation in `field`
+--   {"q", key_index, field, amount, leases_index, member}
+--                                       a quota: release `amount` of the reservation in `field`,
+--                                       only if its lease is still there (else admission already
+--                                       gave it back when it expired)
 --   {"i", key_index, field, amount, field, amount, ...}
 --                                       add each `amount` to its hash field (usage accounting)
 --   {"s", key_index, field, value}      set a hash field (e.g. last_seen)
@@ -34,7 +37,9 @@ for _, op in ipairs(spec.ops) do
   elseif kind == 'c' then
     redis.call('ZREM', key, spec.slot)
   elseif kind == 'q' then
-    redis.call('HINCRBYFLOAT', key, op[3], -op[4])
+    if redis.call('ZREM', KEYS[op[5]], op[6]) == 1 then
+      redis.call('HINCRBYFLOAT', key, op[3], -op[4])
+    end
   elseif kind == 'i' then
     for j = 3, #op, 2 do
       redis.call('HINCRBYFLOAT', key, op[j], op[j + 1])

@@ -25,6 +25,7 @@ from policies.admission import (
     ReleaseSlot,
     SetField,
     SlotCheck,
+    reservation,
 )
 from policies.memory_store import MemoryStore
 from policies.redis_pipe import RedisPipe
@@ -148,6 +149,32 @@ async def test_an_unrenewed_slot_expires_after_its_lease(store: Store) -> None:
             return
         await asyncio.sleep(0.05)
     pytest.fail("the slot lease never expired")
+
+
+async def test_a_dead_workers_reservation_is_given_back_after_its_lease(store: Store) -> None:
+    quota = QuotaCheck("t:usage", 10, 6, "usd", "usd_reserved")
+    assert (await store.admit(one("dead-worker", quota))).admitted  # never settled
+    assert not (await store.admit(one("x", quota))).admitted
+    deadline = asyncio.get_running_loop().time() + 5
+    while not (await store.admit(one("x", quota))).admitted:
+        assert asyncio.get_running_loop().time() < deadline, "the reservation's lease never expired"
+        await asyncio.sleep(0.05)
+    assert float((await store.read("t:usage"))["usd_reserved"]) == 6  # x's own, not the dead one's
+    # the dead worker's late settlement must not give its reservation back a second time
+    await store.settle("dead-worker", [ReleaseReservation("t:usage", "usd_reserved", 6)])
+    assert float((await store.read("t:usage"))["usd_reserved"]) == 6
+
+
+async def test_renewal_keeps_a_reservation(store: Store) -> None:
+    quota = QuotaCheck("t:usage", 10, 6, "usd", "usd_reserved")
+    assert (await store.admit(one("live", quota))).admitted
+    for _ in range(8):
+        await asyncio.sleep(0.1)
+        await store.renew([(quota.leases, reservation("live", "usd_reserved", 6))])
+        assert not (await store.admit(one("other", quota))).admitted
+    await store.settle("live", [ReleaseReservation("t:usage", "usd_reserved", 6)])
+    assert float((await store.read("t:usage"))["usd_reserved"]) == 0
+    assert (await store.admit(one("other", quota))).admitted
 
 
 async def test_renewal_keeps_a_slot(store: Store) -> None:

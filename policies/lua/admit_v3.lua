@@ -1,4 +1,4 @@
--- admit_v2: admit one request against every limit that applies, all or nothing, and pick the
+-- admit_v3: admit one request against every limit that applies, all or nothing, and pick the
 -- first candidate target whose provider has room and whose circuit breaker lets it through.
 --
 -- ARGV[1] is JSON: {"groups": [[check, ...], ...], "slot": "<id>", "lease_ms": N}
@@ -8,8 +8,12 @@
 -- A check is one of:
 --   {"b", key_index, capacity, cost}   token bucket holding `capacity`, refilled at capacity/60 per s
 --   {"c", key_index, limit}            concurrency: a sorted set of slot leases scored by expiry
---   {"q", key_index, limit, reserve, spent_field, reserved_field}
---                                      quota on a usage hash: spent + reserved + reserve <= limit
+--   {"q", key_index, limit, reserve, spent_field, reserved_field, leases_index, member}
+--                                      quota on a usage hash: spent + reserved + reserve <= limit.
+--                                      The reservation is leased in the sorted set `leases`
+--                                      (member "slot|field|amount", scored by expiry, renewed
+--                                      while the request runs); expired ones are given back first,
+--                                      so a dead worker's reservation does not hold the budget.
 --   {"k", key_index, reset_ms, probes, probe_ttl_ms}  circuit breaker: hash {s, f, o, p, h}
 --        s state (0 closed, 1 half-open, 2 open), f consecutive failures, o opened at (ms),
 --        p probes let through while half-open, h half-open since (ms). Closed passes; open passes
@@ -71,6 +75,13 @@ local function evaluate(check)
   elseif kind == 'k' then
     return breaker(key, check[3], check[4], check[5])
   else
+    local leases = KEYS[check[7]]
+    local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
+    for _, member in ipairs(expired) do
+      local field, amount = string.match(member, '^[^|]*|([^|]*)|(.*)$')
+      redis.call('HINCRBYFLOAT', key, field, -tonumber(amount))
+    end
+    if #expired > 0 then redis.call('ZREMRANGEBYSCORE', leases, '-inf', now) end
     local state = redis.call('HMGET', key, check[5], check[6])
     local used = (tonumber(state[1]) or 0) + (tonumber(state[2]) or 0)
     if used + check[4] <= check[3] then return true, 0, nil end
@@ -112,6 +123,9 @@ local function commit(group, results)
       probe = results[i] or probe
     else
       redis.call('HINCRBYFLOAT', key, check[6], check[4])
+      local leases = KEYS[check[7]]
+      redis.call('ZADD', leases, now + spec.lease_ms, check[8])
+      redis.call('PEXPIRE', leases, spec.lease_ms * 2)
     end
   end
 end
