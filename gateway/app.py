@@ -17,7 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from gateway import observe, routes_admin, routes_ops, routes_v1, tracing
 from gateway.chat import ChatService
 from gateway.config import Config
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound, RequestTooLarge
+from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound, RequestTooLarge
 from gateway.http import add_request_id, error_response, request_id_for
 from gateway.runtime import Gateway
 
@@ -29,23 +29,29 @@ def _framework_error(request: Request[Any, Any, Any], exc: Exception) -> Respons
     if isinstance(exc, GatewayError):
         return error_response(exc)
     status = exc.status_code if isinstance(exc, HTTPException) else 500
+    # Litestar's own headers are kept: a 405 must say what is allowed (``Allow``, RFC 9110 15.5.6).
+    headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}
     error: GatewayError
     if status == 404:
         error = NotFound(f"unknown route: {request.method} {request.url.path}")
     elif status == 405:
-        error = MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
+        error = MethodNotAllowed(
+            f"method {request.method} is not allowed on {request.url.path}", headers=headers
+        )
     elif status == 413:
         error = RequestTooLarge("the request body is too large")
+    elif 400 <= status < 500:
+        # A client error Litestar finds before any handler runs (an invalid Host header, say):
+        # the client's fault, so a 400 ``invalid_request``. It used to fall through to the base
+        # GatewayError below and be answered 500 ``internal_error``.
+        error = InvalidRequest(str(getattr(exc, "detail", "") or "bad request"), headers=headers)
     else:
-        if status >= 500:
-            log.error(
-                "unhandled error",
-                exc_info=exc,
-                extra={"fields": {"request_id": request_id_for(request.scope)}},
-            )
-        error = GatewayError(
-            "internal error" if status >= 500 else str(getattr(exc, "detail", "bad request"))
+        log.error(
+            "unhandled error",
+            exc_info=exc,
+            extra={"fields": {"request_id": request_id_for(request.scope)}},
         )
+        error = GatewayError("internal error")
     return error_response(error)
 
 

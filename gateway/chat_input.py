@@ -15,12 +15,14 @@ TASK_ID = re.compile(ID_PATTERN)
 TRACE_HEADERS = ("traceparent", "tracestate")
 _decode_head = msgspec.json.Decoder(ChatHead).decode
 _MISSING_FIELD = re.compile(r"Object missing required field `([^`]+)`")
+_HEADROOM_FRAMES = 64
+"""Stack frames kept free while the body is first decoded (see :func:`_decode`)."""
 
 
 def parse_head(body: bytes) -> ChatHead:
     """The fields the gateway reads, or a 400 naming what is wrong."""
     try:
-        return _decode_head(body)
+        return _decode(body)
     except msgspec.ValidationError as exc:
         message, _, where = str(exc).partition(" - at `$")
         param = where.rstrip("`").lstrip(".") or None
@@ -31,6 +33,24 @@ def parse_head(body: bytes) -> ChatHead:
         raise InvalidRequest(f"invalid request body: {detail}", param=param) from None
     except msgspec.DecodeError:
         raise InvalidRequest("the request body is not valid JSON") from None
+    except RecursionError:
+        # msgspec recurses once per level of nesting, even while skipping a field it does not
+        # decode, so a body of ~1,000 nested arrays or objects (anywhere) exhausts the stack. It
+        # used to escape as a 500; no real request nests that deep.
+        raise InvalidRequest("the request body is nested too deeply") from None
+
+
+def _decode(body: bytes, headroom: int = _HEADROOM_FRAMES) -> ChatHead:
+    """``_decode_head(body)``, run ``headroom`` frames deeper than needed.
+
+    msgspec's nesting limit is whatever is left of the interpreter's recursion limit (Python 3.11:
+    Python frames and msgspec's nesting share one budget). The adapters decode the same body again
+    a few frames deeper (to rename the model, to translate it for Anthropic), so a body nested just
+    under the limit here would pass this check and fail there, after admission. Decoding it here
+    with frames to spare refuses it before admission instead; the spare frames cost about two
+    microseconds. (The adapters still turn a RecursionError into a 400 of their own.)
+    """
+    return _decode(body, headroom - 1) if headroom else _decode_head(body)
 
 
 def task_id_of(value: str | None) -> str | None:

@@ -123,7 +123,7 @@ class StreamTranslator:
         """The chunks one event's data stands for (often none); unknown events are skipped."""
         try:
             event = _decode_event(data)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             raise UpstreamError("the upstream sent an unusable stream event") from exc
         handler = self._handlers.get(event.type)
         return handler(event) if handler is not None else []

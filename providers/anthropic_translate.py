@@ -115,7 +115,7 @@ def anthropic_request(call: ChatCall, *, stream: bool) -> bytes:
     """The Messages API body for ``call``; fields Anthropic has no equivalent for are dropped."""
     try:
         request = _decode_request(call.body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise InvalidRequest(f"the request cannot be translated for this model: {exc}") from exc
     system, messages = _conversation(request.messages)
     limit = call.head.output_limit
@@ -218,7 +218,7 @@ def _arguments(call: _ToolCall) -> dict[str, Any]:
         return {}
     try:
         return msgspec.json.decode(call.function.arguments, type=dict[str, Any])
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise InvalidRequest(
             f"the arguments of tool call {call.id[:64]!r} are not a JSON object", param="messages"
         ) from exc
@@ -320,7 +320,7 @@ def openai_completion(body: bytes, model: str) -> Completion:
     """A ``chat.completion`` for an Anthropic message body; ``model`` names it if the body does not."""
     try:
         reply = _decode_reply(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise UpstreamError("the upstream answered with an unusable message") from exc
     texts = [block.text for block in reply.content if block.type == "text" and block.text]
     calls = [_openai_tool_call(block) for block in reply.content if block.type == "tool_use"]
@@ -354,7 +354,7 @@ def openai_error_body(body: bytes, status: int) -> bytes:
     """An OpenAI error body for an Anthropic one; ``code`` is Anthropic's error type."""
     try:
         error = _decode_error(body).error
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         error = AnthropicError()
     code = error_type(error.type) or "upstream_rejected"
     message = error.message or f"the upstream rejected the request with status {status}"

@@ -46,7 +46,7 @@ def upstream_body(call: ChatCall) -> bytes:
         return call.body.rstrip()[:-1] + _USAGE_OPTION
     try:
         body: dict[str, Any] = msgspec.json.decode(call.body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise InvalidRequest(f"the request body cannot be forwarded: {exc}") from None
     body["model"] = call.upstream_model
     if wants_usage_option:
@@ -72,7 +72,7 @@ class OpenAIProvider:
             await response.aclose()
         try:
             head = _decode_completion(body)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             raise UpstreamError("the upstream answered with an unusable completion") from exc
         return Completion(body=body, usage=head.usage)
 
@@ -124,7 +124,7 @@ class OpenAIChunkStream:
         """Whether to relay this chunk; notes its usage, raises on an error chunk."""
         try:
             head = _decode_chunk(data)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             raise UpstreamError("the upstream sent an unusable stream chunk") from exc
         if head.error is not None:
             raise UpstreamError("the upstream reported an error mid-stream")
