@@ -77,6 +77,10 @@ def server_options(host: str, port: int, server: ServerConfig | None = None) -> 
         "log_config": None,
         "access_log": False,
         "server_header": False,
+        # uvicorn would otherwise take the client address from X-Forwarded-For sent from
+        # 127.0.0.1, and the key guard counts failures per address: a local client (or one behind
+        # a same-host proxy passing the header on) could pick a fresh address for every guess.
+        "proxy_headers": False,
         "timeout_graceful_shutdown": server.shutdown_grace_s,
         "timeout_keep_alive": server.idle_timeout_s,
         "max_header_bytes": server.max_header_bytes,

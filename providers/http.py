@@ -32,6 +32,7 @@ def make_pool(config: ProviderConfig, headers: dict[str, str]) -> UpstreamPool:
         connect_timeout_s=config.connect_timeout_s,
         read_timeout_s=config.read_timeout_s,
         max_connections=config.max_connections,
+        secret=config.api_key.reveal() if config.api_key is not None else None,
     )
 
 
@@ -79,6 +80,9 @@ async def send_ok(
         error_body = b""
     finally:
         await response.aclose()
+    if pool.secret and pool.secret in error_body:
+        # An upstream that quotes the credentials it received must not hand them to the tenant.
+        error_body = error_body.replace(pool.secret, b"[redacted]")
     failure = failure_for_status(response.status, response.headers, error_body)
     if reshape is not None and isinstance(failure, UpstreamRejected):
         status = failure.upstream_status

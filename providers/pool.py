@@ -297,8 +297,11 @@ class UpstreamPool:
         read_timeout_s: float,
         max_connections: int,
         keepalive_s: float = 30.0,
+        secret: str | None = None,
     ) -> None:
         self.origin = Origin.parse(base_url)
+        self.secret = secret.encode() if secret else None
+        """The credential this pool sends, to be scrubbed from anything passed back to clients."""
         self.read_timeout_s = read_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
