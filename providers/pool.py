@@ -22,6 +22,7 @@ and refuses an encoded body), ``Expect: 100-continue``, HTTP/2. Transport failur
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -65,6 +66,10 @@ class _ServerClosed(Exception):
     """The server closed the connection before sending any part of a response."""
 
 
+def _timeout() -> UpstreamTimeout:
+    return UpstreamTimeout("timed out waiting for the upstream", retryable=True, breaker_failure=True)
+
+
 class _PastTheEnd(Exception):
     """Raised in a parser callback to stop parsing: the head is too large, or the response is over."""
 
@@ -83,6 +88,7 @@ class _Connection:
     __slots__ = (
         "chunks",
         "complete",
+        "deadline",
         "ends_at_close",
         "head_bytes",
         "head_too_large",
@@ -94,6 +100,7 @@ class _Connection:
         "parser",
         "reader",
         "received",
+        "timed_out",
         "writer",
     )
 
@@ -101,6 +108,8 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self.idle_since = 0.0
+        self.deadline = 0.0  # when the current wait for the upstream times out (0: not waiting)
+        self.timed_out = False
         self.reset()
 
     def reset(self) -> None:
@@ -158,17 +167,27 @@ class _Connection:
             self.head_too_large = True
             raise _PastTheEnd
 
+    def expire(self) -> None:
+        """The pool's watchdog found this connection's wait over its deadline: abort it."""
+        self.timed_out = True
+        self.writer.transport.abort()
+
     async def feed(self) -> None:
-        """Read once from the socket into the parser (the caller bounds the wait)."""
+        """Read once from the socket into the parser (the pool's watchdog bounds the wait)."""
         try:
             data = await self.reader.read(READ_SIZE)
         except (ConnectionError, OSError) as exc:
+            if self.timed_out:
+                raise _timeout() from None
             if not self.received:
                 raise _ServerClosed from exc
             raise UpstreamError(
                 "the upstream connection failed mid-response", retryable=True, breaker_failure=True
             ) from exc
+        self.deadline = math.inf  # not waiting any more: a slow reader of the body is no timeout
         if not data:
+            if self.timed_out:
+                raise _timeout()
             self._eof()
             return
         self.received = True
@@ -228,7 +247,7 @@ class UpstreamResponse:
         conn = self._conn
         if conn is None:
             return
-        timeout = self._pool.read_timeout_s
+        pool = self._pool
         try:
             while True:
                 if conn.chunks:
@@ -238,13 +257,9 @@ class UpstreamResponse:
                 if conn.complete:
                     self._release()
                     return
+                pool.wait_on(conn, pool.read_timeout_s)
                 try:
-                    async with asyncio.timeout(timeout):
-                        await conn.feed()
-                except TimeoutError:
-                    raise UpstreamTimeout(
-                        "timed out waiting for the upstream", retryable=True, breaker_failure=True
-                    ) from None
+                    await conn.feed()
                 except _ServerClosed:  # cannot happen after the head; kept for type completeness
                     raise UpstreamError("the upstream connection failed", breaker_failure=True) from None
         except BaseException:
@@ -308,6 +323,9 @@ class UpstreamPool:
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[_Connection] = []
         self._finishing: set[asyncio.Task[None]] = set()
+        self._busy: set[_Connection] = set()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._tick_s = max(0.005, min(1.0, read_timeout_s / 8))
         self._closed = False
         self._tls = _tls_context() if self.origin.scheme == "https" else None
         self._fixed_head = "".join(
@@ -347,25 +365,27 @@ class UpstreamPool:
             raise
 
     async def _exchange(self, conn: _Connection, request: bytes) -> UpstreamResponse:
+        self.wait_on(conn, self.read_timeout_s)  # for the write and the whole response head
+        head_deadline = conn.deadline
         try:
-            async with asyncio.timeout(self.read_timeout_s):
-                conn.writer.write(request)
-                await conn.writer.drain()
-                while not conn.headers_done:
-                    await conn.feed()
-        except TimeoutError:
-            conn.close()
-            raise UpstreamTimeout(
-                "timed out waiting for the upstream", retryable=True, breaker_failure=True
-            ) from None
+            conn.writer.write(request)
+            await conn.writer.drain()
+            while not conn.headers_done:
+                conn.deadline = head_deadline
+                await conn.feed()
         except (ConnectionError, OSError) as exc:  # from the write: nothing was answered yet
+            self._busy.discard(conn)
             conn.close()
+            if conn.timed_out:
+                raise _timeout() from None
             raise _ServerClosed from exc
         except BaseException:
+            self._busy.discard(conn)
             conn.close()
             raise
         encoding = conn.headers.get("content-encoding", "identity").lower()
         if encoding != "identity":
+            self._busy.discard(conn)
             conn.close()
             raise UpstreamError(f"the upstream sent an encoded body ({encoding})", breaker_failure=True)
         return UpstreamResponse(self, conn)
@@ -432,8 +452,30 @@ class UpstreamPool:
         finally:
             self.release(conn)
 
+    def wait_on(self, conn: _Connection, seconds: float) -> None:
+        """Bound the coming wait on ``conn``: past ``seconds`` the watchdog aborts it, and the
+        wait raises ``UpstreamTimeout``. One timer per pool, ticking every eighth of the read
+        timeout (at most 1 s) while connections are busy, stands in for a timer per read: those
+        (``asyncio.timeout``) measured several percent of the gateway's CPU."""
+        conn.deadline = asyncio.get_running_loop().time() + seconds
+        self._busy.add(conn)
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().call_later(self._tick_s, self._watch)
+
+    def _watch(self) -> None:
+        self._watchdog = None
+        if not self._busy:
+            return
+        now = asyncio.get_running_loop().time()
+        for conn in [c for c in self._busy if c.deadline <= now]:
+            self._busy.discard(conn)
+            conn.expire()
+        if self._busy:
+            self._watchdog = asyncio.get_running_loop().call_later(self._tick_s, self._watch)
+
     def release(self, conn: _Connection) -> None:
         """Take a connection back after its response: kept if fully read and reusable, else closed."""
+        self._busy.discard(conn)
         if conn.reusable() and not self._closed:
             conn.reset()
             conn.idle_since = asyncio.get_running_loop().time()
