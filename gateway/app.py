@@ -12,9 +12,8 @@ from typing import Any
 from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
-from litestar.openapi import OpenAPIConfig
 
-from gateway import observe, routes_admin, routes_ops, routes_v1, tracing
+from gateway import observe, openapi, routes_admin, routes_ops, routes_v1, tracing
 from gateway.chat import ChatService
 from gateway.config import Config
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound, RequestTooLarge
@@ -59,8 +58,12 @@ def create_app(config: Config, gateway: Gateway | None = None, workers: int = 1)
     """The ASGI app serving ``config``; ``workers`` is how many processes serve it together."""
     gateway = gateway or Gateway.build(config, workers)
     observe.attach(gateway)
-    return Litestar(
-        route_handlers=[*routes_v1.ROUTES, *routes_ops.ROUTES, routes_admin.ADMIN],
+    app = Litestar(
+        route_handlers=[
+            *routes_v1.ROUTES,
+            *routes_ops.routes(metrics_public=config.server.metrics_public),
+            routes_admin.ADMIN,
+        ],
         state=State({"gateway": gateway, "chat": ChatService(gateway)}),
         before_send=[add_request_id],
         middleware=[observe.middleware],
@@ -68,6 +71,8 @@ def create_app(config: Config, gateway: Gateway | None = None, workers: int = 1)
         request_max_body_size=config.server.max_body_bytes,
         on_startup=[gateway.start],
         on_shutdown=[gateway.aclose, tracing.flush],
-        openapi_config=OpenAPIConfig(title="modelgate", version="0.1.0", path="/schema"),
+        openapi_config=openapi.config(),
         logging_config=None,
     )
+    openapi.finish(app)
+    return app

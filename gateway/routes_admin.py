@@ -12,6 +12,9 @@
 Every route needs the admin key; a missing key, a wrong key and a tenant key all get 401.
 Changes are stored (Redis when configured) and reach every worker within the tenant
 directory's refresh bound; the worker that made the change sees it at once.
+
+The handlers read raw bodies and check their path parameters themselves (answering in the OpenAI
+error shape); the decorators only document them (:mod:`gateway.openapi`).
 """
 
 from __future__ import annotations
@@ -19,15 +22,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import MediaType, Request, Response, Router, delete, get, post, put
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
-from litestar.params import FromPath
 from redis.exceptions import RedisError
 
+from gateway import openapi
 from gateway.chat_input import TASK_ID
 from gateway.config import NAME_PATTERN, BudgetConfig
 from gateway.errors import InvalidRequest, NotFound
@@ -35,6 +38,11 @@ from gateway.http import gateway_of, require_admin
 from gateway.runtime import Gateway
 from gateway.tenants import Tenant, TenantSettings
 from policies.accounting import period
+
+TenantName = Annotated[str, openapi.TENANT_NAME]
+REFUSALS = {401: openapi.ADMIN_KEY_REFUSED, 429: openapi.KEY_GUESSING}
+"""What every admin route may answer: the key is not the admin key, or this address is guessing."""
+BAD_BODY = "`invalid_request`: the body is not JSON, or has an unknown field or a wrong type or value"
 
 _encode = msgspec.json.encode
 _NAME = re.compile(NAME_PATTERN)
@@ -106,8 +114,29 @@ def _check_models(gateway: Gateway, models: list[str] | msgspec.UnsetType | None
             raise InvalidRequest(f"unknown models: {', '.join(map(repr, unknown))}", param="models")
 
 
-@put("/tenants/{name:str}")
-async def put_tenant(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
+@put(
+    "/tenants/{name:str}",
+    responses={
+        200: openapi.ok(openapi.Tenant, "The tenant as it now is."),
+        400: openapi.error(
+            f"{BAD_BODY}, or names a model that does not exist, or gives a budget without exactly one "
+            "of `usd` and `tokens`; or the name is not a valid tenant name."
+        ),
+        413: openapi.REQUEST_TOO_LARGE,
+        **REFUSALS,
+    },
+    operation_class=openapi.operation(
+        body=openapi.json_body(
+            TenantSettings,
+            "The tenant's settings: fields left out keep their value, null clears a limit. `models` "
+            "names configured models.",
+            BudgetConfig=openapi.BUDGET_RULE,
+        )
+    ),
+)
+async def put_tenant(request: Request[Any, Any, Any], name: TenantName) -> Response[bytes]:
+    """Create or change a tenant. The change wins over the config file until the file's own values
+    for that tenant change."""
     if not _NAME.fullmatch(name):
         raise InvalidRequest("a tenant name is 1-64 characters of [A-Za-z0-9._:-]", param="name")
     gateway = gateway_of(request)
@@ -123,14 +152,40 @@ def _check_budget(budget: BudgetConfig | msgspec.UnsetType | None) -> None:
         raise InvalidRequest("a budget gives exactly one of usd or tokens", param="budget")
 
 
-@get("/tenants/{name:str}")
-async def get_tenant(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
+@get(
+    "/tenants/{name:str}",
+    responses={
+        200: openapi.ok(openapi.Tenant, "The tenant."),
+        400: openapi.MALFORMED,
+        404: openapi.NO_SUCH_TENANT,
+        **REFUSALS,
+    },
+)
+async def get_tenant(request: Request[Any, Any, Any], name: TenantName) -> Response[bytes]:
+    """A tenant's limits, budget, usage in the current period, remaining budget and key ids."""
     gateway = gateway_of(request)
     return _json(await _view(gateway, _tenant(gateway, name)))
 
 
-@put("/tenants/{name:str}/budget")
-async def put_budget(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
+@put(
+    "/tenants/{name:str}/budget",
+    responses={
+        200: openapi.ok(openapi.Tenant, "The tenant with its new budget."),
+        400: openapi.error(f"{BAD_BODY}, or gives not exactly one of `usd` and `tokens`."),
+        404: openapi.NO_SUCH_TENANT,
+        413: openapi.REQUEST_TOO_LARGE,
+        **REFUSALS,
+    },
+    operation_class=openapi.operation(
+        body=openapi.json_body(
+            BudgetConfig,
+            'The budget: `{"usd": 20.0, "period": "day"}` or `{"tokens": N, "period": ...}`.',
+            BudgetConfig=openapi.BUDGET_RULE,
+        )
+    ),
+)
+async def put_budget(request: Request[Any, Any, Any], name: TenantName) -> Response[bytes]:
+    """Set a tenant's budget; it takes effect on the next request in every worker."""
     gateway = gateway_of(request)
     _tenant(gateway, name)
     budget = _decode(await request.body(), BudgetConfig)
@@ -139,18 +194,37 @@ async def put_budget(request: Request[Any, Any, Any], name: FromPath[str]) -> Re
     return _json(await _view(gateway, tenant))
 
 
-@post("/tenants/{name:str}/keys")
-async def create_key(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
+@post(
+    "/tenants/{name:str}/keys",
+    responses={
+        201: openapi.ok(openapi.NewKey, "The new key, shown only here."),
+        400: openapi.MALFORMED,
+        404: openapi.NO_SUCH_TENANT,
+        **REFUSALS,
+    },
+)
+async def create_key(request: Request[Any, Any, Any], name: TenantName) -> Response[bytes]:
+    """A new key for a tenant; only its SHA-256 is stored."""
     gateway = gateway_of(request)
     _tenant(gateway, name)
     key_id, key = await gateway.tenants.create_key(name)
     return _json({"key_id": key_id, "key": key}, status=201)
 
 
-@delete("/tenants/{name:str}/keys/{key_id:str}", status_code=200)
+@delete(
+    "/tenants/{name:str}/keys/{key_id:str}",
+    status_code=200,
+    responses={
+        200: openapi.ok(openapi.RevokedKey, "The key is revoked."),
+        400: openapi.MALFORMED,
+        404: openapi.error("`not_found`: no such tenant, or the tenant has no such key."),
+        **REFUSALS,
+    },
+)
 async def revoke_key(
-    request: Request[Any, Any, Any], name: FromPath[str], key_id: FromPath[str]
+    request: Request[Any, Any, Any], name: TenantName, key_id: Annotated[str, openapi.KEY_ID]
 ) -> Response[bytes]:
+    """Revoke a key: the next request with it gets a 401 in every worker."""
     gateway = gateway_of(request)
     _tenant(gateway, name)
     if not await gateway.tenants.revoke(name, key_id):
@@ -158,8 +232,19 @@ async def revoke_key(
     return _json({"key_id": key_id, "revoked": True})
 
 
-@get("/tasks/{task_id:str}")
-async def get_task(request: Request[Any, Any, Any], task_id: FromPath[str]) -> Response[bytes]:
+@get(
+    "/tasks/{task_id:str}",
+    responses={
+        200: openapi.ok(openapi.TaskUsage, "The task's usage."),
+        400: openapi.error("`invalid_request`: the task id is not 1-128 characters of `[A-Za-z0-9._:-]`."),
+        404: openapi.error("`not_found`: no usage is recorded for this task."),
+        **REFUSALS,
+    },
+)
+async def get_task(
+    request: Request[Any, Any, Any], task_id: Annotated[str, openapi.TASK_ID]
+) -> Response[bytes]:
+    """A task's usage, under whichever tenant used it last."""
     if not TASK_ID.fullmatch(task_id):
         raise InvalidRequest("a task id is 1-128 characters of [A-Za-z0-9._:-]", param="task_id")
     gateway = gateway_of(request)
@@ -194,17 +279,34 @@ def _targets(gateway: Gateway) -> list[str]:
     return sorted({t.name for route in gateway.routes.values() for t in route.targets})
 
 
-@get("/breakers")
+@get("/breakers", responses={200: openapi.ok(list[openapi.Breaker], "Every target's breaker."), **REFUSALS})
 async def list_breakers(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Every target's circuit breaker."""
     gateway = gateway_of(request)
     views = await gateway.limiter.breakers.views(gateway.limiter.store, _targets(gateway))
     return _json([dataclasses.asdict(v) for v in views])
 
 
-@post("/breakers/{provider:str}/{rest:path}", status_code=200)
+@post(
+    "/breakers/{provider:str}/{rest:path}",
+    status_code=200,
+    operation_id="AdminBreakersProviderModelResetBreaker",
+    responses={
+        200: openapi.ok(openapi.Breaker, "The breaker, closed."),
+        400: openapi.MALFORMED,
+        404: openapi.error("`not_found`: no such target."),
+        **REFUSALS,
+    },
+    opt={openapi.DOCUMENTED_PATH: openapi.PathDocs(rename={"rest": "model"}, suffix="/reset")},
+)
 async def reset_breaker(
-    request: Request[Any, Any, Any], provider: FromPath[str], rest: FromPath[str]
+    request: Request[Any, Any, Any],
+    provider: Annotated[str, openapi.PROVIDER],
+    rest: Annotated[str, openapi.UPSTREAM_MODEL],
 ) -> Response[bytes]:
+    """Close a target's circuit breaker."""
+    # The route is ``{provider}/{model}/reset``; a model may contain "/", so ``rest`` takes the
+    # model and the suffix, and the document spells it as it is (``PathDocs``).
     gateway = gateway_of(request)
     model = rest.strip("/").removesuffix("/reset") if rest.endswith("/reset") else None
     target = f"{provider}/{model}"
@@ -218,6 +320,7 @@ async def reset_breaker(
 ADMIN = Router(
     path="/admin",
     guards=[admin_guard],
+    security=openapi.ADMIN,
     route_handlers=[
         put_tenant,
         get_tenant,
