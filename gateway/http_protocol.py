@@ -14,6 +14,10 @@ connections, could hold a worker's memory and sockets. This subclass adds, per w
 - ``max_connections``: open connections; one more is closed as soon as it is accepted;
 - malformed HTTP is answered 400, like the rest, in the OpenAI error shape.
 
+It also coalesces a response's writes: uvicorn writes the status line and headers on
+``http.response.start`` and the body on ``http.response.body``, two ``send()`` calls (and two TCP
+segments) for every whole reply. Writes made in one event-loop turn now go out as one.
+
 Keep-alive connections idle between requests close after uvicorn's ``timeout_keep_alive``
 (``server.idle_timeout_s``). The limits travel in :class:`GatewayServerConfig`, which uvicorn
 hands to every protocol instance (and, pickled, to every worker process).
@@ -60,6 +64,37 @@ def error_bytes(status: int, code: str, message: str) -> bytes:
     return STATUS_LINE[status] + head + body
 
 
+class _CoalescedWrites:
+    """Stands in for the transport of a request's response cycle: writes made in one loop turn are
+    joined and sent at the end of it; everything else is the real transport's."""
+
+    __slots__ = ("_loop", "_parts", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._parts:
+            self._loop.call_soon(self.flush)
+        self._parts.append(data)
+
+    def flush(self) -> None:
+        if self._parts:
+            data = b"".join(self._parts)
+            self._parts = []
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class GatewayHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with head-size, request-time and connection-count limits."""
 
@@ -71,12 +106,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._rejection: bytes | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._writes: _CoalescedWrites | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self._max_connections:
             self.transport.abort()
             return
+        self._writes = _CoalescedWrites(self.transport, self.loop)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -96,9 +133,23 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._count(len(name) + len(value) + 4)
         super().on_header(name, value)
 
+    def on_headers_complete(self) -> None:
+        # The response cycle made here takes ``self.transport`` as its own: give it the coalescer.
+        transport = self.transport
+        if self._writes is not None:
+            self.transport = self._writes  # type: ignore[assignment]
+        try:
+            super().on_headers_complete()
+        finally:
+            self.transport = transport
+
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
+
+    def shutdown(self) -> None:
+        self._flush()
+        super().shutdown()
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this for any parser error, including the _Rejected raised in a callback.
@@ -127,12 +178,18 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return
         cycle = self.cycle
         if cycle is not None and cycle.response_started:
+            self._flush()
             self.transport.close()
             return
         message = f"the request did not arrive within {self._timeout_s:g} s"
         self._close_with(error_bytes(408, "request_timeout", message))
 
+    def _flush(self) -> None:
+        if self._writes is not None:
+            self._writes.flush()
+
     def _close_with(self, response: bytes) -> None:
         self._disarm()
+        self._flush()
         self.transport.write(response)
         self.transport.close()

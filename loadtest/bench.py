@@ -225,7 +225,8 @@ async def _benchmark(
         f"{plan.seconds:g} s per target and setting in {plan.rounds} interleaved rounds "
         f"(+{plan.warmup:g} s unrecorded warm-up each); wrk {plan.wrk_seconds:g} s; "
         f"matrix took {took:.0f} s; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after",
-        f"gateway: 1 worker, admission in Redis, log level {args.log_level}; {other}",
+        f"gateway: 1 worker, admission in Redis, log level {args.log_level}; {other}"
+        + (f"; upstream latency jitter +-{args.jitter_ms:g} ms" if args.jitter_ms else ""),
         "",
         table(cells),
         "",
@@ -363,6 +364,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--other-key", default=None)
     parser.add_argument("--other-model", default=MODEL)
     parser.add_argument("--mock-port", type=int, default=None, help="fixed port for the mock upstream")
+    parser.add_argument(
+        "--jitter-ms",
+        type=float,
+        default=0.0,
+        help="spread the mock's non-zero latency uniformly by +-this (default 0: every answer on time)",
+    )
     parser.add_argument("--log-level", default="info", help="the gateway's (info writes one line a request)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write every cell as JSON")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir with the processes' logs")
@@ -392,6 +399,8 @@ def _main(args: argparse.Namespace) -> None:
         try:
             _say(f"mock upstream {stack.mock_url}, gateway {stack.gateway_url} (pid {stack.gateway.pid})")
             targets = _targets(stack, args)
+            if args.jitter_ms:
+                mock_config(stack.mock_url, jitter_ms=args.jitter_ms)
             uvloop.run(_check(targets))
             if args.memory:
                 report = uvloop.run(_memory(stack, targets[1], args.memory, args.memory_concurrency))

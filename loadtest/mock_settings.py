@@ -23,6 +23,8 @@ class MockSettings:
     """How the mock upstream answers. ``chunk_delay_ms`` > 0 is the "pause" fault."""
 
     latency_ms: float = 0.0
+    jitter_ms: float = 0.0
+    """A non-zero latency gets a uniform draw from [-jitter_ms, +jitter_ms] added (at least 0 in all)."""
     error_rate: float = 0.0
     rate_429: float = 0.0
     chunks: int = 12
@@ -40,6 +42,7 @@ class SettingsPatch(msgspec.Struct, forbid_unknown_fields=True):
     """Any subset of :class:`MockSettings`, each field type- and range-checked."""
 
     latency_ms: _NonNegative | UnsetType = UNSET
+    jitter_ms: _NonNegative | UnsetType = UNSET
     error_rate: _Fraction | UnsetType = UNSET
     rate_429: _Fraction | UnsetType = UNSET
     chunks: Annotated[int, Meta(ge=1)] | UnsetType = UNSET

@@ -17,9 +17,9 @@ of the replies answered in mode ``ok`` (their reported usage); and for streams c
 ``cut_prompt_tokens`` (the usage they would have reported) and ``cut_events`` (the data events sent
 before the cut).
 
-Per chat request: count it, decode it (400 if it is not valid), wait ``latency_ms``, answer 500 or
-429 with probability ``error_rate`` / ``rate_429``, then answer as ``mode`` says
-(:mod:`loadtest.mock_faults`).
+Per chat request: count it, decode it (400 if it is not valid), wait ``latency_ms`` (give or take
+``jitter_ms``), answer 500 or 429 with probability ``error_rate`` / ``rate_429``, then answer as
+``mode`` says (:mod:`loadtest.mock_faults`).
 """
 
 from __future__ import annotations
@@ -185,8 +185,11 @@ class MockUpstream:
         except DecodeErrors as exc:
             await send_error(send, dialect, 400, f"invalid request body: {exc}")
             return
-        if settings.latency_ms > 0:
-            await asyncio.sleep(settings.latency_ms / 1000)
+        delay_ms = settings.latency_ms
+        if delay_ms > 0 and settings.jitter_ms > 0:
+            delay_ms = max(0.0, delay_ms + random.uniform(-settings.jitter_ms, settings.jitter_ms))
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
         injected = _injected_status(settings)
         if injected is not None:
             await send_error(send, dialect, injected, f"mock upstream: injected {injected}")

@@ -22,6 +22,7 @@ and refuses an encoded body), ``Expect: 100-continue``, HTTP/2. Transport failur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import ssl
 from collections.abc import AsyncIterator
@@ -291,8 +292,10 @@ class UpstreamResponse:
 
     def __del__(self) -> None:
         # A response dropped unclosed (a bug, or a task torn down at exit) must not keep its
-        # connection slot forever: the pool would shrink by one each time.
-        self._release()
+        # connection slot forever: the pool would shrink by one each time. With no event loop left
+        # (interpreter exit) there is nothing to give back to.
+        with contextlib.suppress(RuntimeError):
+            self._release()
 
     def _release(self) -> None:
         conn, self._conn = self._conn, None
