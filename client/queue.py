@@ -15,6 +15,8 @@ from typing import Any, cast
 
 import msgspec
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
 from client.keys import GROUP, STATUSES, QueueKeys
@@ -160,5 +162,11 @@ class Queue:
 
 
 def _client(url: str, max_connections: int) -> Redis:
-    pool = BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=max_connections)
+    # A pool made this way gives its connections no retry at all, so a connection left idle across
+    # a Redis restart failed its next command ("Connection closed by server") although Redis was
+    # back: the soak saw task attempts fail that way a minute after a restart. One immediate retry
+    # on a fresh connection covers it; more would only hold callers while Redis is really down.
+    pool = BlockingConnectionPool.from_url(
+        url, decode_responses=True, max_connections=max_connections, retry=Retry(NoBackoff(), 1)
+    )
     return Redis.from_pool(pool)

@@ -254,6 +254,7 @@ async def soak(fleet: Fleet, minutes: float, seed: int) -> tuple[str, bool]:
         report += ["", f"unexplained failures ({len(unexplained)}, first 20):"]
         report += [
             f"  {f.source} {f.cause} at {f.start:.3f}-{f.end:.3f} instance {f.instance}"
+            + (f": {f.detail}" if f.detail else "")
             for f in unexplained[:20]
         ]
     return "\n".join(report), all(row.ok for row in rows)

@@ -74,6 +74,8 @@ class Failure:
     end: float
     instance: int | None
     most_tokens: int = 0
+    detail: str = ""
+    """What was seen (an error's text), for the report of an unexplained failure."""
 
 
 @dataclass(slots=True)
@@ -141,7 +143,15 @@ def _attempt_failures(info: TaskInfo, most: int, worker_instance: dict[int, int]
         else:
             cause = f"task error {attempt.error[:80]}"
         transport_most = most if cause == "transport" else 0
-        yield Failure(f"task {info.id[:8]}", cause, attempt.started, attempt.ended, instance, transport_most)
+        yield Failure(
+            f"task {info.id[:8]}",
+            cause,
+            attempt.started,
+            attempt.ended,
+            instance,
+            transport_most,
+            attempt.error[:200],
+        )
 
 
 def explained(failure: Failure, faults: list[Fault]) -> bool:

@@ -18,6 +18,8 @@ from typing import Any
 
 from openai.types.chat import ChatCompletion
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from client.context import TaskContext
 
@@ -39,7 +41,10 @@ _redis: Redis | None = None
 def _client() -> Redis:
     global _redis  # noqa: PLW0603 -- one connection pool per worker process, made on first use
     if _redis is None:
-        _redis = Redis.from_url(os.environ["SOAK_REDIS_URL"], decode_responses=True)
+        # One retry on a fresh connection: a pooled one may have died with a Redis restart.
+        _redis = Redis.from_url(
+            os.environ["SOAK_REDIS_URL"], decode_responses=True, retry=Retry(NoBackoff(), 1)
+        )
     return _redis
 
 
