@@ -49,7 +49,23 @@ def _wait_for(check: Callable[[], bool], what: str, proc: subprocess.Popen[bytes
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def _http_ok(url: str) -> Callable[[], bool]:
+def answers_ping(port: int) -> Callable[[], bool]:
+    """A readiness check: the Redis on ``port`` answers PING."""
+
+    def check() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    return check
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    """A readiness check: ``GET url`` answers 200."""
+
     def check() -> bool:
         try:
             return httpx.get(url, timeout=1.0).status_code == 200
@@ -114,16 +130,7 @@ def start_redis(tmp: Path) -> tuple[Process, str]:
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory)]
     args += ["--save", "", "--appendonly", "no", "--protected-mode", "no"]
     redis = Process("redis-server", args, tmp / "redis.log")
-
-    def answers() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    redis.wait_ready(answers)
+    redis.wait_ready(answers_ping(port))
     return redis, f"redis://127.0.0.1:{port}/0"
 
 
@@ -134,7 +141,7 @@ def start_mock(tmp: Path, port: int | None = None, latency_ms: float = 0.0) -> t
     args += ["--latency-ms", str(latency_ms)]
     mock = Process("mock-upstream", args, tmp / "mock-upstream.log")
     url = f"http://127.0.0.1:{port}"
-    mock.wait_ready(_http_ok(f"{url}/v1/models"))
+    mock.wait_ready(http_ok(f"{url}/v1/models"))
     return mock, url
 
 
@@ -197,5 +204,5 @@ def start_gateway(tmp: Path, mock_url: str, redis_url: str, log_level: str) -> t
     args += ["--port", str(port), "--workers", "1"]
     gateway = Process("gateway", args, tmp / "gateway.log")
     url = f"http://127.0.0.1:{port}"
-    gateway.wait_ready(_http_ok(f"{url}/readyz"))
+    gateway.wait_ready(http_ok(f"{url}/readyz"))
     return gateway, url

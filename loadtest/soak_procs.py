@@ -15,7 +15,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,9 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from loadtest.bench_procs import Process, free_port
+from loadtest.bench_procs import Process, answers_ping, free_port, http_ok
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_KEY = "soak-admin-key-0123456789abcdef"
@@ -120,28 +117,6 @@ targets = [{{ provider = "up", model = "{MODEL}" }}]
     return head + "\n\n".join(_tenant_toml(t) for t in TENANTS) + "\n"
 
 
-def _answers_ping(port: int) -> Callable[[], bool]:
-    def check() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    return check
-
-
-def _http_ok(url: str) -> Callable[[], bool]:
-    def check() -> bool:
-        try:
-            return httpx.get(url, timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    return check
-
-
 class Member(Process):
     """A child process started from the repository root with extra environment variables."""
 
@@ -207,7 +182,7 @@ class RedisServer:
 
     def start(self) -> None:
         self.process = Member("redis-server", self._args, self._log)
-        self.process.wait_ready(_answers_ping(self.port))
+        self.process.wait_ready(answers_ping(self.port))
 
     def kill(self) -> None:
         if self.process is not None:
@@ -240,7 +215,7 @@ class GatewayInstance:
     def start(self) -> None:
         env = {"TMPDIR": str(self._tmpdir)}
         self.process = Member(f"gateway-{self.index}", self._args, self._log, env)
-        self.process.wait_ready(_http_ok(f"{self.url}/readyz"))
+        self.process.wait_ready(http_ok(f"{self.url}/readyz"))
 
     def kill(self) -> None:
         if self.process is not None:
@@ -335,7 +310,7 @@ class Fleet:
         args = [sys.executable, "-m", "gateway.cli", "mock-upstream", "--port", str(self.mock_port)]
         args += ["--latency-ms", str(MOCK_LATENCY_MS)]
         self.mock = Member("mock-upstream", args, self.tmp / "mock-upstream.log")
-        self.mock.wait_ready(_http_ok(f"{self.mock_url}/v1/models"))
+        self.mock.wait_ready(http_ok(f"{self.mock_url}/v1/models"))
         for gateway in self.gateways:
             gateway.start()
         for worker in self.workers:
