@@ -143,6 +143,8 @@ async def sse_data(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
 
 
 def _event_data(event: bytes) -> bytes | None:
+    if event.startswith(b"data: ") and b"\n" not in event:
+        return event[6:]  # the usual event: one data line
     lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
     if not lines:
         return None
