@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Annotated, Protocol
 
 import msgspec
 
@@ -39,8 +39,10 @@ class ChatHead(msgspec.Struct, frozen=True):
     model: str
     messages: list[Message]
     stream: bool | None = False
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    # At least 1: a zero or negative limit would make the request's reservation (prompt estimate
+    # plus this) negative, crediting the tpm bucket and the budget instead of charging them.
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
 
     @property

@@ -34,15 +34,28 @@ class _ChunkHead(msgspec.Struct):
 _decode_completion = msgspec.json.Decoder(_CompletionHead).decode
 _decode_chunk = msgspec.json.Decoder(_ChunkHead).decode
 _USAGE_OPTION = b',"stream_options":{"include_usage":true}}'
+_DECIDING_KEYS = (b'"model"', b'"max_tokens"', b'"max_completion_tokens"')
+
+
+def _names_twice(body: bytes) -> bool:
+    """Whether a key the gateway decides on may appear twice (a string value equal to the key
+    name also counts; that only costs a re-encode)."""
+    return any(body.count(key) > 1 for key in _DECIDING_KEYS)
 
 
 def upstream_body(call: ChatCall) -> bytes:
-    """The body to send: the client's, with the upstream model and stream usage where needed."""
+    """The body to send: the client's, with the upstream model and stream usage where needed.
+
+    A body naming ``model`` or a token limit twice is re-encoded as the gateway read it (the last
+    one wins): an upstream that takes the first could otherwise serve a model this tenant may not
+    use, or spend past the limit its reservation was made for.
+    """
     head = call.head
     wants_usage_option = bool(head.stream) and not head.include_usage
-    if not call.renames_model and not wants_usage_option:
+    ambiguous = _names_twice(call.body)
+    if not call.renames_model and not wants_usage_option and not ambiguous:
         return call.body
-    if not call.renames_model and head.stream_options is msgspec.UNSET:
+    if not call.renames_model and not ambiguous and head.stream_options is msgspec.UNSET:
         return call.body.rstrip()[:-1] + _USAGE_OPTION
     try:
         body: dict[str, Any] = msgspec.json.decode(call.body)

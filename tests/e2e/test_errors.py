@@ -44,6 +44,13 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
         (b'{"model": "gpt-4o-mini", "messages": [{"content": "no role"}]}', "messages[0].role"),
         (b'{"model": "gpt-4o-mini", "messages": [{"role": "user"}], "stream": "yes"}', "stream"),
         (b'{"model": "gpt-4o-mini", "messages": [{"role": "user"}], "max_tokens": "10"}', "max_tokens"),
+        # a limit below 1 would make the reservation negative: a credit to the buckets and budget
+        (b'{"model": "gpt-4o-mini", "messages": [{"role": "user"}], "max_tokens": 0}', "max_tokens"),
+        (b'{"model": "gpt-4o-mini", "messages": [{"role": "user"}], "max_tokens": -100000}', "max_tokens"),
+        (
+            b'{"model": "gpt-4o-mini", "messages": [{"role": "user"}], "max_completion_tokens": -1}',
+            "max_completion_tokens",
+        ),
         (b'{"model": "gpt-\xff\xfe", "messages": []}', None),
     ],
 )

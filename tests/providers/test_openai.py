@@ -156,6 +156,19 @@ def test_upstream_body_is_the_same_object_when_nothing_changes() -> None:
     assert upstream_body(call) is call.body
 
 
+@pytest.mark.parametrize("key", ["model", "max_tokens", "max_completion_tokens"])
+def test_a_key_named_twice_goes_upstream_once_as_the_gateway_read_it(key: str) -> None:
+    first, last = ('"gpt-4o"', '"gpt-4o-mini"') if key == "model" else ("100000", "10")
+    body = f'{{"{key}": {first}, "model": "gpt-4o-mini", "messages": [], "{key}": {last}}}'.encode()
+    if key == "model":
+        body = b'{"model": "gpt-4o", "messages": [], "model": "gpt-4o-mini"}'
+    call = make_call(body)
+    sent = upstream_body(call)
+    assert sent.count(f'"{key}"'.encode()) == 1
+    assert json.loads(sent)[key] == json.loads(last)
+    assert msgspec.json.decode(sent, type=ChatHead) == call.head
+
+
 async def test_rename_reencodes_with_the_upstream_model(
     upstream: ScriptedUpstream, provider: OpenAIProvider
 ) -> None:
