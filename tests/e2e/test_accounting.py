@@ -468,6 +468,29 @@ def test_task_usage_is_the_sum_of_upstream_usage(priced: Priced, upstream: MockU
     assert started - 1 <= found["first_seen"] and found["last_seen"] <= finished + 1
 
 
+def test_one_task_id_under_two_tenants_is_kept_apart(priced: Priced) -> None:
+    task = f"shared-{uuid.uuid4().hex[:12]}"
+    body = {"model": "mock", "messages": MESSAGES, "max_tokens": COMPLETION}
+    for key, times in ((KEYS["tasks"], 2), (PROP_KEY, 1)):  # "prop" goes last
+        for _ in range(times):
+            response = httpx.post(
+                f"{priced.gateway.url}/v1/chat/completions",
+                json=body,
+                headers={"authorization": f"Bearer {key}", "x-task-id": task},
+                timeout=20,
+            )
+            assert response.status_code == 200, response.text
+    latest = admin_get(priced.gateway, f"/tasks/{task}")
+    assert (latest["tenant"], latest["requests"]) == ("prop", 1)
+    mine = admin_get(priced.gateway, f"/tasks/{task}?tenant=tasks")
+    assert (mine["tenant"], mine["requests"]) == ("tasks", 2)
+    missing = httpx.get(
+        f"{priced.gateway.url}/admin/tasks/{task}?tenant=race-tokens",
+        headers={"authorization": f"Bearer {ADMIN_KEY}"},
+    )
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
 @pytest.mark.parametrize("model", ["gpt-4o-mini", "claude-sonnet"])
 def test_a_cut_stream_is_charged_an_estimate_and_marked(
     priced: Priced, upstream: MockUpstream, model: str
