@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -119,6 +119,36 @@ class Queue:
         changed, _ = await self.scripts("requeue", keys, [task_id])
         return bool(changed)
 
+    async def purge(
+        self, older_than_s: float, statuses: Sequence[str] = ("done", "cancelled"), batch: int = 200
+    ) -> int:
+        """Delete tasks in ``statuses`` (finished ones only) not updated for ``older_than_s``: their
+        records, checkpoints and idempotency keys. Returns how many were deleted.
+
+        Nothing else ever deletes a task, so run this on a schedule (``modelgate tasks purge``) to
+        keep Redis from growing with every task ever run.
+        """
+        unknown = set(statuses) - set(PURGEABLE)
+        if unknown:
+            raise ValueError(
+                f"only finished tasks can be purged ({', '.join(PURGEABLE)}), not {sorted(unknown)}"
+            )
+        seconds, micros = await self.redis.time()
+        cutoff = int((seconds + micros / 1e6 - older_than_s) * 1000)
+        purged = 0
+        for status in statuses:
+            while True:
+                index = self.keys.status(status)
+                ids = [str(i) for i in await self.redis.zrangebyscore(index, "-inf", f"({cutoff}", 0, batch)]
+                if not ids:
+                    break
+                task_keys = [k for i in ids for k in (self.keys.task(i), self.keys.steps(i))]
+                keys = [*self.keys.index, self.keys.idem, *task_keys]
+                purged += int(await self.scripts("purge", keys, [cutoff, status, *ids]))
+                if len(ids) < batch:
+                    break
+        return purged
+
     async def set_tenant_limit(self, tenant: str, limit: int | None) -> None:
         """At most ``limit`` tasks of ``tenant`` run at once across every worker (``None``: no limit).
 
@@ -159,6 +189,10 @@ class Queue:
         now = seconds + micros / 1e6
         running = await self.list_tasks("running", limit=1000)
         return [task for task in running if task.lease_until is not None and task.lease_until < now]
+
+
+PURGEABLE = ("done", "cancelled", "failed", "dead")
+"""The statuses a task never leaves by itself (``requeue`` can bring failed and dead ones back)."""
 
 
 def _client(url: str, max_connections: int) -> Redis:

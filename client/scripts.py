@@ -31,6 +31,7 @@ NAMES = (
     "approve",
     "requeue",
     "release",
+    "purge",
 )
 
 

@@ -1,5 +1,6 @@
 """The ``modelgate tasks`` verbs: ``show ID`` (JSON), ``list [--status S]`` (workers, stalled tasks,
-queue depth and a table of tasks), ``cancel ID``, ``approve ID``, ``dead`` and ``requeue ID``.
+queue depth and a table of tasks), ``cancel ID``, ``approve ID``, ``dead``, ``requeue ID`` and
+``purge --older-than DURATION``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import msgspec
 from client.cli import EXIT_FAILED, EXIT_USAGE, run_async
 from client.keys import STATUSES
 from client.liveness import WorkerInfo, live_workers
-from client.queue import Queue
+from client.queue import PURGEABLE, Queue
 from client.records import TaskInfo
 
 Verb = Callable[[Queue, argparse.Namespace], Awaitable[int]]
@@ -35,6 +36,16 @@ def add_verbs(verbs: Subparsers, common: argparse.ArgumentParser) -> None:
     dead = verbs.add_parser("dead", parents=[common], help="dead tasks and their last error")
     dead.add_argument("--limit", type=int, default=50)
     dead.set_defaults(run=_command(_dead))
+    purge = verbs.add_parser(
+        "purge", parents=[common], help="delete finished tasks older than --older-than (run it on a schedule)"
+    )
+    purge.add_argument(
+        "--older-than", type=_seconds, required=True, metavar="DURATION", help="e.g. 168h, 30m"
+    )
+    purge.add_argument(
+        "--status", action="append", choices=PURGEABLE, help="repeatable; default: done and cancelled"
+    )
+    purge.set_defaults(run=_command(_purge))
     for name, verb, text in (
         ("cancel", _cancel, "cancel a task (a running one stops at its next step)"),
         ("approve", _approve, "resume a task waiting for a human"),
@@ -103,6 +114,27 @@ async def _requeue(queue: Queue, args: argparse.Namespace) -> int:
 async def _status(queue: Queue, task_id: str) -> str:
     task = await queue.get(task_id)
     return "unknown task" if task is None else task.status
+
+
+def _seconds(text: str) -> float:
+    """A duration: a number with a unit, ``s``, ``m``, ``h`` or ``d`` (``168h``, ``7d``)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        value = float(text[:-1])
+        scale = units[text[-1]]
+    except (ValueError, KeyError, IndexError):
+        raise argparse.ArgumentTypeError(f"not a duration like 30m, 168h or 7d: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("a duration cannot be negative")
+    return value * scale
+
+
+async def _purge(queue: Queue, args: argparse.Namespace) -> int:
+    statuses = tuple(args.status or ("done", "cancelled"))
+    purged = await queue.purge(args.older_than, statuses)
+    which = ", ".join(statuses)
+    print(f"purged {purged} tasks ({which}) older than {args.older_than:g} s from queue {queue.name}")
+    return 0
 
 
 async def _dead(queue: Queue, args: argparse.Namespace) -> int:

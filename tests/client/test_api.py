@@ -85,3 +85,20 @@ def test_one_script_per_operation_with_keys_only_from_KEYS() -> None:
         # keys come from KEYS; no script builds a key name out of strings
         assert not re.search(r"redis\.call\('\w+', *'", text), name
         assert "redis.call('TIME')" in text
+
+
+async def test_purge_deletes_finished_tasks_and_frees_their_idempotency_keys(queue: Queue) -> None:
+    old = await queue.enqueue("k", {}, idempotency_key="once")
+    assert await queue.cancel(old) == "cancelled"  # a queued task is cancelled at once
+    waiting = await queue.enqueue("k", {})
+    assert await queue.purge(3600) == 0, "nothing is an hour old"
+    assert await queue.get(old) is not None
+
+    assert await queue.purge(0) == 1
+    assert await queue.get(old) is None
+    assert await queue.get(waiting) is not None, "a queued task is never purged"
+    assert old not in await queue.redis.zrange(queue.keys.status("cancelled"), 0, -1)
+    assert not await queue.redis.exists(queue.keys.task(old), queue.keys.steps(old))
+    assert await queue.enqueue("k", {}, idempotency_key="once") != old, "the key may be used again"
+    with pytest.raises(ValueError, match="finished"):
+        await queue.purge(0, statuses=("queued",))

@@ -112,6 +112,24 @@ async def test_cancel_approve_dead_requeue(
     assert (code, err.strip()) == (1, f"{poison} is done: nothing to cancel")
 
 
+async def test_purge_deletes_old_finished_tasks(
+    redis_server: RedisServer, queue: Queue, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cancelled = await queue.enqueue("k", "x")
+    await queue.cancel(cancelled)
+    code, out, _ = await _cli(capsys, *_verb(redis_server, queue, "purge", "--older-than", "1h"))
+    assert (code, out.strip()) == (
+        0,
+        f"purged 0 tasks (done, cancelled) older than 3600 s from queue {queue.name}",
+    )
+    code, out, _ = await _cli(capsys, *_verb(redis_server, queue, "purge", "--older-than", "0s"))
+    assert code == 0 and out.startswith("purged 1 tasks")
+    assert await queue.get(cancelled) is None
+    with pytest.raises(SystemExit) as exited:  # argparse refuses it
+        await _cli(capsys, *_verb(redis_server, queue, "purge", "--older-than", "soon"))
+    assert exited.value.code == 2 and "not a duration" in capsys.readouterr().err
+
+
 async def test_usage_errors_exit_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
