@@ -7,7 +7,6 @@ from typing import Any, cast
 import msgspec
 from litestar import MediaType, Request, Response, get, post
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
-from litestar.response import Stream
 
 from gateway import openapi
 from gateway.chat import ChatService
@@ -15,7 +14,7 @@ from gateway.chat_input import TRACE_HEADERS
 from gateway.errors import GatewayError, RequestTooLarge
 from gateway.http import error_response, gateway_of, request_id_for, tenant_of
 from gateway.record import RequestRecord
-from gateway.relay import StreamReply
+from gateway.relay import SSEResponse, StreamReply
 from gateway.tenants import Tenant
 from providers.base import ChatHead
 
@@ -99,7 +98,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
         raise
     if isinstance(result, StreamReply):
         headers = {**record.headers(), "cache-control": "no-cache", "x-accel-buffering": "no"}
-        return Stream(result.events, media_type="text/event-stream", headers=headers)
+        return SSEResponse(result.events, headers)
     record.emit()
     return Response(content=result.body, media_type=MediaType.JSON, headers=record.headers())
 
