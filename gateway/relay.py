@@ -4,6 +4,7 @@ The first chunk is read before the response starts, so a failure before any byte
 client is still a proper error status (and may be retried). After that a failure ends the stream
 with ``data: {"error": ...}`` and ``data: [DONE]``; nothing retries it. The request is settled
 before the last event goes out, so a client that sees ``[DONE]`` finds its slot already free.
+:class:`SSEResponse` sends the events, and stops them when the client leaves.
 """
 
 from __future__ import annotations
