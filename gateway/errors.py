@@ -7,6 +7,8 @@ gateway owns retries and SDKs must not add a second layer.
 
     GatewayError
     ├── InvalidRequest          400 invalid_request
+    │   ├── RequestTimedOut     408 request_timeout       (the client took too long to send it)
+    │   └── HeadersTooLarge     431 headers_too_large
     ├── InvalidApiKey           401 invalid_api_key
     ├── ModelNotAllowed         403 model_not_allowed
     ├── ModelNotFound           404 model_not_found
@@ -70,6 +72,16 @@ class InvalidRequest(GatewayError):
     status = 400
     error_type = "invalid_request_error"
     code = "invalid_request"
+
+
+class RequestTimedOut(InvalidRequest):
+    status = 408
+    code = "request_timeout"
+
+
+class HeadersTooLarge(InvalidRequest):
+    status = 431
+    code = "headers_too_large"
 
 
 class InvalidApiKey(GatewayError):

@@ -28,9 +28,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import msgspec
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from gateway.errors import GatewayError, HeadersTooLarge, InvalidRequest, RequestTimedOut, render
 
 
 class GatewayServerConfig(uvicorn.Config):
@@ -55,13 +56,17 @@ class _Rejected(Exception):
     """Raised from a parser callback to stop reading a request that breaks a limit."""
 
 
-def error_bytes(status: int, code: str, message: str) -> bytes:
-    """A whole HTTP/1.1 response with an OpenAI error body, closing the connection."""
-    body = msgspec.json.encode(
-        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+def error_bytes(error: GatewayError) -> bytes:
+    """A whole HTTP/1.1 response reporting ``error`` (rendered in the one place errors are),
+    closing the connection."""
+    status, body, headers = render(error)
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return b"%s%scontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (
+        STATUS_LINE[status],
+        head.encode("latin-1"),
+        len(body),
+        body,
     )
-    head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
-    return STATUS_LINE[status] + head + body
 
 
 class _CoalescedWrites:
@@ -154,13 +159,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this for any parser error, including the _Rejected raised in a callback.
         rejection, self._rejection = self._rejection, None
-        self._close_with(rejection or error_bytes(400, "invalid_request", "the request is not valid HTTP"))
+        self._close_with(rejection or error_bytes(InvalidRequest("the request is not valid HTTP")))
 
     def _count(self, size: int) -> None:
         self._head_bytes += size
         if self._head_bytes > self._max_head:
             message = f"the request line and headers are over {self._max_head} bytes"
-            self._rejection = error_bytes(431, "headers_too_large", message)
+            self._rejection = error_bytes(HeadersTooLarge(message))
             raise _Rejected
 
     def _arm(self) -> None:
@@ -182,7 +187,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         message = f"the request did not arrive within {self._timeout_s:g} s"
-        self._close_with(error_bytes(408, "request_timeout", message))
+        self._close_with(error_bytes(RequestTimedOut(message)))
 
     def _flush(self) -> None:
         if self._writes is not None:

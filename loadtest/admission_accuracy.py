@@ -26,7 +26,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from loadtest.bench_procs import free_port
 
 RPM_KEY = "loadtest-key-rpm-0123456789abcdef"
 TPM_KEY = "loadtest-key-tpm-0123456789abcdef"
@@ -191,12 +192,6 @@ async def flood(
 
 
 # --- processes -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:

@@ -163,7 +163,21 @@ def _kill_group(process: Process) -> None:
         process.proc.wait(10)
 
 
-class RedisServer:
+class _Restartable:
+    """A member of the run that chaos may kill (SIGKILL to its process group) and the end stops."""
+
+    process: Member | None = None
+
+    def kill(self) -> None:
+        if self.process is not None:
+            _kill_group(self.process)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+class RedisServer(_Restartable):
     """``redis-server`` on a fixed port with its data (AOF) in a fixed dir, so a restart keeps it."""
 
     def __init__(self, tmp: Path) -> None:
@@ -184,16 +198,8 @@ class RedisServer:
         self.process = Member("redis-server", self._args, self._log)
         self.process.wait_ready(answers_ping(self.port))
 
-    def kill(self) -> None:
-        if self.process is not None:
-            _kill_group(self.process)
 
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-
-
-class GatewayInstance:
+class GatewayInstance(_Restartable):
     """``modelgate serve --workers N`` on a fixed port; ``TMPDIR`` points into the run's temp dir, so
     the metrics dir a killed instance leaves behind is removed with it."""
 
@@ -217,14 +223,6 @@ class GatewayInstance:
         self.process = Member(f"gateway-{self.index}", self._args, self._log, env)
         self.process.wait_ready(http_ok(f"{self.url}/readyz"))
 
-    def kill(self) -> None:
-        if self.process is not None:
-            _kill_group(self.process)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-
     def worker_pids(self) -> list[int]:
         """The pids of the instance's worker processes (uvicorn's supervisor's spawned children)."""
         if self.process is None:
@@ -232,7 +230,7 @@ class GatewayInstance:
         return children(self.process.pid, "spawn_main")
 
 
-class QueueWorker:
+class QueueWorker(_Restartable):
     """``modelgate worker loadtest.soak_handlers:handlers`` calling one gateway instance."""
 
     def __init__(self, tmp: Path, index: int, redis_url: str, gateway: GatewayInstance, key: str) -> None:
@@ -251,14 +249,6 @@ class QueueWorker:
         process = self.process = Member(f"worker-{self.index}", self._args, self._log, self._env)
         self.pids.append(process.pid)
         process.wait_ready(lambda: " on queue " in process.output())
-
-    def kill(self) -> None:
-        if self.process is not None:
-            _kill_group(self.process)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
 
 
 def children(pid: int, marker: str) -> list[int]:

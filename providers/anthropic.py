@@ -9,8 +9,7 @@ the stream: a :class:`StreamTranslator` turns each event into chunks, relayed as
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import msgspec
@@ -28,9 +27,9 @@ from providers.anthropic_translate import (
     openai_completion,
     openai_error_body,
 )
-from providers.base import ChatCall, Completion, Usage, each_chunk
+from providers.base import ChatCall, Completion, Usage
 from providers.chunks import ChunkBuilder
-from providers.http import MAX_RESPONSE_BYTES, make_pool, send_ok, sse_batches
+from providers.http import MAX_RESPONSE_BYTES, SSEChunkStream, make_pool, send_ok
 from providers.pool import UpstreamResponse
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -201,46 +200,17 @@ class StreamTranslator:
         return self._tool_delta({"index": self._tool_index[block_index], "function": {"arguments": fragment}})
 
 
-class AnthropicChunkStream:
+class AnthropicChunkStream(SSEChunkStream):
     """Relays an Anthropic SSE stream as OpenAI chunks, as its events arrive."""
 
+    missing_end = "the upstream stream ended before message_stop"
+
     def __init__(self, response: UpstreamResponse, translator: StreamTranslator) -> None:
-        self._response = response
+        super().__init__(response)
         self._translator = translator
-        self.usage: Usage | None = None
-        self._ended = False
 
-    async def batches(self) -> AsyncIterator[list[bytes]]:
-        # Closing the event generator when the stream stops at message_stop releases it now
-        # rather than at garbage collection.
-        events = sse_batches(self._response.aiter_bytes())
-        translator = self._translator
-        async with aclosing(events):
-            async for batch in events:
-                chunks: list[bytes] = []
-                failure: UpstreamError | None = None
-                for data in batch:
-                    try:
-                        chunks += translator.feed(data)
-                    except UpstreamError as exc:  # the chunks before it still go out first
-                        failure = exc
-                        break
-                    self.usage = translator.usage
-                    if translator.finished:
-                        self._ended = True
-                        break
-                if chunks:
-                    yield chunks
-                if failure is not None:
-                    raise failure
-                if translator.finished:
-                    return
-        raise UpstreamError(
-            "the upstream stream ended before message_stop", retryable=True, breaker_failure=True
-        )
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return each_chunk(self)
-
-    async def aclose(self) -> None:
-        await self._response.aclose(finish=self._ended)
+    def convert(self, data: bytes) -> list[bytes]:
+        chunks = self._translator.feed(data)
+        self.usage = self._translator.usage
+        self.ended = self._translator.finished
+        return chunks

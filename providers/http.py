@@ -7,7 +7,8 @@ whether a retry may help and whether the failure counts against the target's cir
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 
 from gateway.config import ProviderConfig
 from gateway.errors import (
@@ -17,6 +18,7 @@ from gateway.errors import (
     UpstreamRejected,
     UpstreamUnavailable,
 )
+from providers.base import Usage, each_chunk
 from providers.pool import UpstreamPool, UpstreamResponse
 
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
@@ -133,6 +135,59 @@ async def sse_batches(body: AsyncIterable[bytes]) -> AsyncGenerator[list[bytes],
     data = _event_data(buffer)
     if data is not None and (buffer.endswith(b"\n") or data == b"[DONE]"):
         yield [data]
+
+
+class SSEChunkStream:
+    """An upstream SSE stream relayed as batches of ``chat.completion.chunk`` payloads, as it arrives.
+
+    Adapters say what one event becomes (:meth:`convert`) and set ``ended`` at their end marker;
+    the batching is here. Chunks that came before a failing event in the same read still go out
+    before the failure is raised. A stream that stops without its end marker is an
+    ``UpstreamError`` (``missing_end``).
+    """
+
+    missing_end = "the upstream stream ended early"
+
+    def __init__(self, response: UpstreamResponse) -> None:
+        self._response = response
+        self.usage: Usage | None = None
+        self.ended = False
+
+    def convert(self, data: bytes) -> list[bytes]:
+        """The chunks one event's data becomes; raises ``UpstreamError`` for an unusable one."""
+        raise NotImplementedError
+
+    async def batches(self) -> AsyncGenerator[list[bytes], None]:
+        # Closing the event generator when the stream stops at its marker releases it now rather
+        # than at garbage collection.
+        events = sse_batches(self._response.aiter_bytes())
+        async with aclosing(events):
+            async for batch in events:
+                chunks: list[bytes] = []
+                failure: UpstreamError | None = None
+                for data in batch:
+                    try:
+                        chunks += self.convert(data)
+                    except UpstreamError as exc:
+                        failure = exc
+                        break
+                    if self.ended:
+                        break
+                if chunks:
+                    yield chunks
+                if failure is not None:
+                    raise failure
+                if self.ended:
+                    return
+        raise UpstreamError(self.missing_end, retryable=True, breaker_failure=True)
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return each_chunk(self)
+
+    async def aclose(self) -> None:
+        # After the end marker the body's last bytes may still be on their way: read them in the
+        # background so the connection can be kept.
+        await self._response.aclose(finish=self.ended)
 
 
 async def sse_data(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:

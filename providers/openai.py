@@ -7,16 +7,14 @@ for stream usage; asking for usage on a body without ``stream_options`` is a spl
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 import msgspec
 
 from gateway.config import ProviderConfig
 from gateway.errors import InvalidRequest, UpstreamError
-from providers.base import ChatCall, Completion, Usage, each_chunk
-from providers.http import MAX_RESPONSE_BYTES, make_pool, send_ok, sse_batches
+from providers.base import ChatCall, Completion, Usage
+from providers.http import MAX_RESPONSE_BYTES, SSEChunkStream, make_pool, send_ok
 from providers.pool import UpstreamResponse
 
 
@@ -98,40 +96,20 @@ class OpenAIProvider:
         await self._pool.aclose()
 
 
-class OpenAIChunkStream:
+class OpenAIChunkStream(SSEChunkStream):
     """Relays an upstream SSE stream as it arrives, noting usage and dropping the usage chunk if unasked."""
 
-    def __init__(self, response: UpstreamResponse, include_usage: bool) -> None:
-        self._response = response
-        self._include_usage = include_usage
-        self.usage: Usage | None = None
-        self._ended = False
+    missing_end = "the upstream stream ended without [DONE]"
 
-    async def batches(self) -> AsyncIterator[list[bytes]]:
-        events = sse_batches(self._response.aiter_bytes())
-        async with aclosing(events):
-            async for batch in events:
-                chunks: list[bytes] = []
-                failure: UpstreamError | None = None
-                done = False
-                for data in batch:
-                    if data == b"[DONE]":
-                        done = self._ended = True
-                        break
-                    try:
-                        keep = self._keep(data)
-                    except UpstreamError as exc:  # the chunks before it still go out first
-                        failure = exc
-                        break
-                    if keep:
-                        chunks.append(data)
-                if chunks:
-                    yield chunks
-                if failure is not None:
-                    raise failure
-                if done:
-                    return
-        raise UpstreamError("the upstream stream ended without [DONE]", retryable=True, breaker_failure=True)
+    def __init__(self, response: UpstreamResponse, include_usage: bool) -> None:
+        super().__init__(response)
+        self._include_usage = include_usage
+
+    def convert(self, data: bytes) -> list[bytes]:
+        if data == b"[DONE]":
+            self.ended = True
+            return []
+        return [data] if self._keep(data) else []
 
     def _keep(self, data: bytes) -> bool:
         """Whether to relay this chunk; notes its usage, raises on an error chunk."""
@@ -146,9 +124,3 @@ class OpenAIChunkStream:
             if not head.choices and not self._include_usage:
                 return False
         return True
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return each_chunk(self)
-
-    async def aclose(self) -> None:
-        await self._response.aclose(finish=self._ended)

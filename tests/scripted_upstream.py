@@ -41,6 +41,8 @@ from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 import httptools
 
+from tests.harness import free_port
+
 READ_SIZE = 64 * 1024
 GATE_TIMEOUT_S = 10.0
 POLL_S = 0.005
@@ -526,12 +528,8 @@ class ScriptedUpstream:
 # --- places that do not answer like an upstream ------------------------------------------------
 
 
-def unused_port() -> int:
-    """A port nothing listens on, so connecting to it is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+unused_port = free_port
+"""A port nothing listens on, so connecting to it is refused."""
 
 
 class FullBacklog:
