@@ -13,7 +13,7 @@ from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
-from gateway import observe, openapi, routes_admin, routes_ops, routes_v1, tracing
+from gateway import heap, observe, openapi, routes_admin, routes_ops, routes_v1, tracing
 from gateway.chat import ChatService
 from gateway.config import Config
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound, RequestTooLarge
@@ -69,7 +69,7 @@ def create_app(config: Config, gateway: Gateway | None = None, workers: int = 1)
         middleware=[observe.middleware],
         exception_handlers={Exception: _framework_error},
         request_max_body_size=config.server.max_body_bytes,
-        on_startup=[gateway.start],
+        on_startup=[gateway.start, heap.freeze_startup_objects],
         on_shutdown=[gateway.aclose, tracing.flush],
         openapi_config=openapi.config(),
         logging_config=None,

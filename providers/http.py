@@ -7,8 +7,7 @@ whether a retry may help and whether the failure counts against the target's cir
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
 from gateway.config import ProviderConfig
 from gateway.errors import (
@@ -107,16 +106,24 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     return None
 
 
-async def sse_batches(body: AsyncIterable[bytes]) -> AsyncGenerator[list[bytes], None]:
-    """The ``data`` payloads of the server-sent events in ``body``: after each piece of it, every
-    event it completed (never an empty list), so events that arrive together travel together.
+class SSEParser:
+    """The ``data`` payloads of server-sent events, split out of a body fed piece by piece.
 
-    Comments and other fields are skipped; multi-line data is joined with newlines. An event
-    larger than ``MAX_EVENT_BYTES`` is an ``UpstreamError``.
+    :meth:`feed` returns every event a piece completed, so events that arrive together travel
+    together. Comments and other fields are skipped; multi-line data is joined with newlines. An
+    event larger than ``MAX_EVENT_BYTES`` is an ``UpstreamError``, raised at the next call, so the
+    events completed before it still go out first.
     """
-    buffer = b""
-    async for piece in body:
-        buffer += piece
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        """The data of every event ``piece`` completed (often none)."""
+        self._check()
+        buffer = self._buffer + piece
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
         batch: list[bytes] = []
@@ -125,16 +132,25 @@ async def sse_batches(body: AsyncIterable[bytes]) -> AsyncGenerator[list[bytes],
             buffer = buffer[end + 2 :]
             if data is not None:
                 batch.append(data)
-        if batch:
-            yield batch
-        if len(buffer) > MAX_EVENT_BYTES:
+        self._buffer = buffer
+        return batch
+
+    def end(self) -> list[bytes]:
+        """The body is over: the data of a last event missing only its closing blank line, if any.
+
+        A bare end marker counts too; an event cut off mid-line is dropped, as the SSE rules say,
+        so the reader sees a truncated stream rather than a broken chunk.
+        """
+        self._check()
+        buffer, self._buffer = self._buffer, b""
+        data = _event_data(buffer)
+        if data is not None and (buffer.endswith(b"\n") or data == b"[DONE]"):
+            return [data]
+        return []
+
+    def _check(self) -> None:
+        if len(self._buffer) > MAX_EVENT_BYTES:
             raise UpstreamError("the upstream sent an oversized stream event")
-    # An event missing only its closing blank line still counts, and so does a bare end marker;
-    # one cut off mid-line is dropped, as the SSE rules say, so the reader sees a truncated
-    # stream rather than a broken chunk.
-    data = _event_data(buffer)
-    if data is not None and (buffer.endswith(b"\n") or data == b"[DONE]"):
-        yield [data]
 
 
 class SSEChunkStream:
@@ -158,28 +174,31 @@ class SSEChunkStream:
         raise NotImplementedError
 
     async def batches(self) -> AsyncGenerator[list[bytes], None]:
-        # Closing the event generator when the stream stops at its marker releases it now rather
-        # than at garbage collection.
-        events = sse_batches(self._response.aiter_bytes())
-        async with aclosing(events):
-            async for batch in events:
-                chunks: list[bytes] = []
-                failure: UpstreamError | None = None
-                for data in batch:
-                    try:
-                        chunks += self.convert(data)
-                    except UpstreamError as exc:
-                        failure = exc
-                        break
-                    if self.ended:
-                        break
-                if chunks:
-                    yield chunks
-                if failure is not None:
-                    raise failure
+        # The body is read with ``receive`` rather than an async generator of its own: a generator
+        # left suspended at the end marker would be finalized through the event loop's asyncgen
+        # hook (a task and a wake-up of the loop per stream).
+        parser, response = SSEParser(), self._response
+        while True:
+            piece = await response.receive()
+            batch = parser.feed(piece) if piece is not None else parser.end()
+            chunks: list[bytes] = []
+            failure: UpstreamError | None = None
+            for data in batch:
+                try:
+                    chunks += self.convert(data)
+                except UpstreamError as exc:
+                    failure = exc
+                    break
                 if self.ended:
-                    return
-        raise UpstreamError(self.missing_end, retryable=True, breaker_failure=True)
+                    break
+            if chunks:
+                yield chunks
+            if failure is not None:
+                raise failure
+            if self.ended:
+                return
+            if piece is None:
+                raise UpstreamError(self.missing_end, retryable=True, breaker_failure=True)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return each_chunk(self)
@@ -188,13 +207,6 @@ class SSEChunkStream:
         # After the end marker the body's last bytes may still be on their way: read them in the
         # background so the connection can be kept.
         await self._response.aclose(finish=self.ended)
-
-
-async def sse_data(body: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
-    """The ``data`` payload of each server-sent event, one by one (see :func:`sse_batches`)."""
-    async for batch in sse_batches(body):
-        for data in batch:
-            yield data
 
 
 def _event_data(event: bytes) -> bytes | None:

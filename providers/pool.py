@@ -243,26 +243,34 @@ class UpstreamResponse:
         self.status = conn.parser.get_status_code()
         self.headers = conn.headers
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        """The body, piece by piece as it arrives; each wait is bounded by the read timeout."""
+    async def receive(self) -> bytes | None:
+        """The body's next bytes, all that arrived since the last call, or None at its end; each
+        wait is bounded by the read timeout."""
         conn = self._conn
         if conn is None:
-            return
-        pool = self._pool
+            return None
         try:
-            while True:
-                if conn.chunks:
-                    chunks, conn.chunks = conn.chunks, []
-                    for chunk in chunks:
-                        yield chunk
+            while not conn.chunks:
                 if conn.complete:
                     self._release()
-                    return
-                pool.wait_on(conn, pool.read_timeout_s)
+                    return None
+                self._pool.wait_on(conn, self._pool.read_timeout_s)
                 try:
                     await conn.feed()
                 except _ServerClosed:  # cannot happen after the head; kept for type completeness
                     raise UpstreamError("the upstream connection failed", breaker_failure=True) from None
+        except BaseException:
+            self._release()
+            raise
+        chunks, conn.chunks = conn.chunks, []
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """The body, piece by piece as it arrives (see :meth:`receive`); closing it part-way
+        gives the connection up, as the rest of the body will not be read."""
+        try:
+            while (piece := await self.receive()) is not None:
+                yield piece
         except BaseException:
             self._release()
             raise

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from litestar.testing import AsyncTestClient
@@ -120,3 +122,27 @@ def test_dev_config_uses_given_keys_and_prints_only_generated_ones() -> None:
 def test_secret_repr_is_redacted() -> None:
     secret = Secret("very-secret-value")
     assert "very-secret" not in repr(secret) + str(secret) + repr(config())
+
+
+def test_a_started_app_exempts_its_startup_heap_from_full_collections() -> None:
+    # In a child process: freezing the heap is process-wide, and the test session keeps its own.
+    script = (
+        "import asyncio, gc\n"
+        "from litestar.testing import AsyncTestClient\n"
+        "from gateway import heap\n"
+        "from gateway.app import create_app\n"
+        "from gateway.devmode import dev_config\n"
+        "async def main():\n"
+        "    config, _ = dev_config({'MODELGATE_DEV_KEY': 'sk-dev-heap-test-0123456789'})\n"
+        "    async with AsyncTestClient(create_app(config)) as client:\n"
+        "        assert (await client.get('/healthz')).status_code == 200\n"
+        "        print(gc.get_freeze_count(), gc.get_threshold()[0] == heap.YOUNG_THRESHOLD)\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    frozen, threshold_set = done.stdout.split()
+    assert int(frozen) > 10_000  # Litestar, msgspec and the config: what a full collection skips
+    assert threshold_set == "True"

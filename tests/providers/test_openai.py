@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import socket
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -752,6 +754,35 @@ async def test_comments_event_fields_and_no_space_after_colon(
     upstream.stream([payload])
     stream = await provider.stream(make_call(body_of(stream=True)))
     assert await collect(stream) == CONTENT_CHUNKS[:2]
+
+
+async def test_a_stream_read_to_its_end_leaves_no_generator_to_finalize(
+    upstream: ScriptedUpstream, provider: OpenAIProvider
+) -> None:
+    # A body generator left suspended at the end marker is finalized through the loop's asyncgen
+    # hook: a task and a wake-up of the loop for every stream. Reading the body with ``receive``
+    # leaves none behind.
+    upstream.stream([sse(*CONTENT_CHUNKS, b"[DONE]")])
+    hooks = sys.get_asyncgen_hooks()
+    finalized: list[object] = []
+
+    def finalizer(agen: Any) -> None:
+        finalized.append(agen)
+        assert hooks.finalizer is not None
+        hooks.finalizer(agen)
+
+    sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=finalizer)
+    try:
+        stream = await provider.stream(make_call(body_of(stream=True)))
+        batches = stream.batches()
+        seen = [chunk async for batch in batches for chunk in batch]
+        await stream.aclose()
+        del stream, batches
+        gc.collect()
+    finally:
+        sys.set_asyncgen_hooks(*hooks)
+    assert seen == CONTENT_CHUNKS
+    assert finalized == []
 
 
 async def test_oversized_event_is_an_error(

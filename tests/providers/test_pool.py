@@ -272,7 +272,7 @@ async def test_a_response_abandoned_mid_body_is_not_reused(
     response = await pool.post(PATH, BODY, {})
     body = response.aiter_bytes()
     assert isinstance(body, AsyncGenerator)
-    assert await anext(body) == b"one"
+    assert (await anext(body)).startswith(b"one")  # pieces that arrived together come joined
     await body.aclose()  # the reader gives up part-way
     await upstream.wait_closed()
     assert await fetch(pool) == (200, b"next")
