@@ -15,6 +15,7 @@ from litestar.exceptions import HTTPException
 
 from gateway import heap, observe, openapi, routes_admin, routes_ops, routes_v1, tracing
 from gateway.chat import ChatService
+from gateway.chat_route import ChatRoute
 from gateway.config import Config
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound, RequestTooLarge
 from gateway.http import add_request_id, error_response, request_id_for
@@ -54,17 +55,31 @@ def _framework_error(request: Request[Any, Any, Any], exc: Exception) -> Respons
     return error_response(error)
 
 
+class GatewayApp(Litestar):
+    """The Litestar app, except that ``POST /v1/chat/completions`` goes to :mod:`gateway.chat_route`
+    before routing (the framework's share of a request's CPU was about a tenth of it)."""
+
+    chat_route: ChatRoute
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == observe.CHAT_PATH and scope["method"] == "POST":
+            await self.chat_route.app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(config: Config, gateway: Gateway | None = None, workers: int = 1) -> Litestar:
     """The ASGI app serving ``config``; ``workers`` is how many processes serve it together."""
     gateway = gateway or Gateway.build(config, workers)
     observe.attach(gateway)
-    app = Litestar(
+    chat = ChatService(gateway)
+    app = GatewayApp(
         route_handlers=[
             *routes_v1.ROUTES,
             *routes_ops.routes(metrics_public=config.server.metrics_public),
             routes_admin.ADMIN,
         ],
-        state=State({"gateway": gateway, "chat": ChatService(gateway)}),
+        state=State({"gateway": gateway, "chat": chat}),
         before_send=[add_request_id],
         middleware=[observe.middleware],
         exception_handlers={Exception: _framework_error},
@@ -74,5 +89,6 @@ def create_app(config: Config, gateway: Gateway | None = None, workers: int = 1)
         openapi_config=openapi.config(),
         logging_config=None,
     )
+    app.chat_route = ChatRoute(gateway, chat)
     openapi.finish(app)
     return app

@@ -47,48 +47,50 @@ def gateway_of(request: Request[Any, Any, Any]) -> Gateway:
     return cast(Gateway, request.app.state.gateway)
 
 
-def bearer_key(request: Request[Any, Any, Any]) -> str:
-    """The API key of an ``Authorization: Bearer`` header, or 401."""
-    value = request.headers.get("authorization")
-    if not value:
+def bearer_key(authorization: str | None) -> str:
+    """The API key of an ``Authorization: Bearer`` header value, or 401."""
+    if not authorization:
         raise InvalidApiKey("missing API key: send it as 'Authorization: Bearer <key>'")
-    scheme, _, key = value.partition(" ")
+    scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise InvalidApiKey("malformed Authorization header: expected 'Bearer <key>'")
     return key.strip()
 
 
-async def tenant_of(request: Request[Any, Any, Any]) -> Tenant:
-    """The tenant whose key the request carries, or 401 (429 for an address guessing keys)."""
-    gateway, key = _presented_key(request)
-    tenant = gateway.tenants.authenticate(key)
+async def authenticate(gateway: Gateway, address: str, authorization: str | None) -> Tenant:
+    """The tenant whose key ``authorization`` carries, or 401 (429 for an address guessing keys)."""
+    gateway.key_guard.check(address)
+    tenant = gateway.tenants.authenticate(bearer_key(authorization))
     if tenant is None:
-        await _refuse(request, gateway, "invalid API key")
+        await _refuse(gateway, address, "invalid API key")
     assert tenant is not None
     return tenant
 
 
+def client_address(scope: Scope) -> str:
+    """The peer's address (never a forwarded-for header: the key guard counts per peer)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+async def tenant_of(request: Request[Any, Any, Any]) -> Tenant:
+    """The tenant whose key the request carries, or 401 (429 for an address guessing keys)."""
+    return await authenticate(
+        gateway_of(request), client_address(request.scope), request.headers.get("authorization")
+    )
+
+
 async def require_admin(request: Request[Any, Any, Any]) -> None:
     """401 unless the request carries the admin key (a tenant key is refused like any other)."""
-    gateway, key = _presented_key(request)
-    if not gateway.is_admin_key(key):
-        await _refuse(request, gateway, "invalid admin key")
+    gateway, address = gateway_of(request), client_address(request.scope)
+    gateway.key_guard.check(address)
+    if not gateway.is_admin_key(bearer_key(request.headers.get("authorization"))):
+        await _refuse(gateway, address, "invalid admin key")
 
 
-def _address(request: Request[Any, Any, Any]) -> str:
-    return request.client.host if request.client else "unknown"
-
-
-def _presented_key(request: Request[Any, Any, Any]) -> tuple[Gateway, str]:
-    """The key a request presents, once its address has passed the key guard."""
-    gateway = gateway_of(request)
-    gateway.key_guard.check(_address(request))
-    return gateway, bearer_key(request)
-
-
-async def _refuse(request: Request[Any, Any, Any], gateway: Gateway, message: str) -> None:
+async def _refuse(gateway: Gateway, address: str, message: str) -> None:
     """Count a wrong key against its address (429 once over the limit), else 401."""
-    await gateway.key_guard.failed(_address(request))
+    await gateway.key_guard.failed(address)
     raise InvalidApiKey(message)
 
 

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 from litestar import MediaType, Request, Response, get, post
-from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
 from gateway import openapi
-from gateway.chat import ChatService
-from gateway.chat_input import TRACE_HEADERS
-from gateway.errors import GatewayError, RequestTooLarge
-from gateway.http import error_response, gateway_of, request_id_for, tenant_of
-from gateway.record import RequestRecord
-from gateway.relay import SSEResponse, StreamReply
-from gateway.tenants import Tenant
+from gateway.http import gateway_of, tenant_of
 from providers.base import ChatHead
 
-_CHAT_HEADERS = ("x-task-id", *TRACE_HEADERS)
 _encode = msgspec.json.encode
 
 
@@ -70,45 +62,13 @@ _encode = msgspec.json.encode
         upstream_errors=(400, 404, 413),
     ),
 )
-async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    """OpenAI Chat Completions, whole or streamed, through the model's targets."""
-    record = RequestRecord(request_id_for(request.scope))
-    tenant: Tenant | None = None
-    try:
-        tenant = await tenant_of(request)
-        body = await _body(request)
-        headers = {name: value for name in _CHAT_HEADERS if (value := request.headers.get(name)) is not None}
-        chat = cast(ChatService, request.app.state.chat)
-        result = await chat.handle(tenant, body, headers, record)
-    except GatewayError as error:
-        if (
-            tenant is not None
-            and not record.rate_headers
-            and "x-ratelimit-limit-requests" not in error.headers
-        ):
-            record.rate_headers = await gateway_of(request).limiter.rate_headers(tenant)
-        response = error_response(error, record.headers())
-        record.failed(error, response.status_code or 500)
-        record.emit()
-        return response
-    except BaseException:
-        # A client gone mid-request (cancelled) or an unexpected error: still counted and logged.
-        record.status, record.error_code = 499 if request.is_connected is False else 500, "aborted"
-        record.emit()
-        raise
-    if isinstance(result, StreamReply):
-        headers = {**record.headers(), "cache-control": "no-cache", "x-accel-buffering": "no"}
-        return SSEResponse(result.events, headers)
-    record.emit()
-    return Response(content=result.body, media_type=MediaType.JSON, headers=record.headers())
+async def chat_completions() -> Response[bytes]:
+    """OpenAI Chat Completions, whole or streamed, through the model's targets.
 
-
-async def _body(request: Request[Any, Any, Any]) -> bytes:
-    try:
-        return await request.body()
-    except RequestEntityTooLarge:
-        limit = gateway_of(request).config.server.max_body_bytes
-        raise RequestTooLarge(f"the request body is over {limit} bytes") from None
+    Declared for the OpenAPI document and for Litestar's answer to other methods on this path
+    (405 with ``Allow``); a POST is served by :mod:`gateway.chat_route` before routing.
+    """
+    raise AssertionError("POST /v1/chat/completions is served by gateway.chat_route")
 
 
 @get(
