@@ -97,7 +97,7 @@ class ChatRoute:
             raise
         if isinstance(result, StreamReply):
             head = [*_EVENT_STREAM, *_encoded(record.headers()), (b"x-request-id", request_id.encode())]
-            await send_events(result.events, head, receive, send)
+            await send_events(result.events, head, scope, receive, send)
             return
         record.emit()
         await _send_whole(send, 200, result.body, record.headers(), request_id)

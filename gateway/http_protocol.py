@@ -18,6 +18,10 @@ It also coalesces a response's writes: uvicorn writes the status line and header
 ``http.response.start`` and the body on ``http.response.body``, two ``send()`` calls (and two TCP
 segments) for every whole reply. Writes made in one event-loop turn now go out as one.
 
+A request's scope carries ``ON_DISCONNECT``: a function that registers a callback (or None to
+drop it) for the connection's loss, so a streaming response learns that its client left without
+a task of its own waiting in ``receive()`` for every stream.
+
 Keep-alive connections idle between requests close after uvicorn's ``timeout_keep_alive``
 (``server.idle_timeout_s``). The limits travel in :class:`GatewayServerConfig`, which uvicorn
 hands to every protocol instance (and, pickled, to every worker process).
@@ -26,12 +30,16 @@ hands to every protocol instance (and, pickled, to every worker process).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.errors import GatewayError, HeadersTooLarge, InvalidRequest, RequestTimedOut, render
+
+ON_DISCONNECT = "modelgate.on_disconnect"
+"""Scope key of the connection's disconnect-callback registration (absent under other servers)."""
 
 
 class GatewayServerConfig(uvicorn.Config):
@@ -112,6 +120,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._rejection: bytes | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._writes: _CoalescedWrites | None = None
+        self._on_disconnect: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -124,6 +133,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        callback, self._on_disconnect = self._on_disconnect, None
+        if callback is not None:
+            callback()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -139,6 +151,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self.scope[ON_DISCONNECT] = self._notify_on_disconnect  # type: ignore[literal-required]
         # The response cycle made here takes ``self.transport`` as its own: give it the coalescer.
         transport = self.transport
         if self._writes is not None:
@@ -151,6 +164,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
+
+    def _notify_on_disconnect(self, callback: Callable[[], None] | None) -> None:
+        self._on_disconnect = callback
 
     def shutdown(self) -> None:
         self._flush()

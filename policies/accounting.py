@@ -36,17 +36,31 @@ class Period:
     ends_in_s: float | None
 
 
+_TOTAL = Period("total", None)
+_bounds_of: dict[str, tuple[str, float, float]] = {}
+"""Per kind, the period last asked for: (id, start, end), so that a request in the same period
+(every request, nearly) costs two comparisons instead of ``gmtime`` and ``timegm``."""
+
+
 def period(kind: str, now: float | None = None) -> Period:
     """The current ``day``, ``month`` or ``total`` period, in UTC."""
-    now = time.time() if now is None else now
-    t = time.gmtime(now)
     if kind == "total":
-        return Period("total", None)
+        return _TOTAL
+    now = time.time() if now is None else now
+    bounds = _bounds_of.get(kind)
+    if bounds is None or not bounds[1] <= now < bounds[2]:
+        bounds = _bounds_of[kind] = _bounds(kind, now)
+    return Period(bounds[0], bounds[2] - now)
+
+
+def _bounds(kind: str, now: float) -> tuple[str, float, float]:
+    t = time.gmtime(now)
     if kind == "day":
         start = calendar.timegm((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0))
-        return Period(f"d{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}", start + 86_400 - now)
+        return f"d{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}", start, start + 86_400
     year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
-    return Period(f"m{t.tm_year:04d}-{t.tm_mon:02d}", calendar.timegm((year, month, 1, 0, 0, 0)) - now)
+    start = calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0))
+    return f"m{t.tm_year:04d}-{t.tm_mon:02d}", start, calendar.timegm((year, month, 1, 0, 0, 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +126,7 @@ def _fields(charge: Charge) -> tuple[tuple[str, float], ...]:
         ("prompt_tokens", charge.prompt_tokens),
         ("completion_tokens", charge.completion_tokens),
         ("tokens", charge.prompt_tokens + charge.completion_tokens),
-        ("usd", charge.usd),
+        ("usd", float(charge.usd)),
     )
     if charge.estimated:
         fields += (("estimated_requests", 1),)

@@ -149,7 +149,8 @@ def reservation(slot: str, field: str, amount: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Increment:
-    """Add to several fields of one hash (usage accounting): one op, not one per field."""
+    """Add to several fields of one hash (usage accounting): one op, not one per field. An ``int``
+    amount is added as an integer, a ``float`` as a float: a field keeps one of the two kinds."""
 
     key: str
     fields: tuple[tuple[str, float], ...]

@@ -67,7 +67,7 @@ class RedisStore:
         self.pipe = pipe
         self._lease_ms = lease_ms
         self._admit = Script(load_script("admit_v3.lua"))
-        self._settle = Script(load_script("settle_v3.lua"))
+        self._settle = Script(load_script("settle_v4.lua"))
         self._breaker = Script(load_script("breaker_v1.lua"))
         self._peek = Script(load_script("peek_v1.lua"))
         self._renew = Script(load_script("renew_v1.lua"))
@@ -99,7 +99,14 @@ class RedisStore:
 
     async def settle(self, slot: str, ops: Sequence[SettleOp]) -> list[str]:
         index = _KeyIndex()
-        encoded = [_op(op, index, slot) for op in ops]
+        encoded: list[list[Any]] = []
+        for op in ops:
+            row = _op(op, index, slot)
+            last = encoded[-1] if encoded else None
+            if row[0] == "i" and last is not None and last[0] == "i" and last[2:] == row[2:]:
+                last[1] += row[1]  # the same amounts into another hash: one row, several keys
+            else:
+                encoded.append(row)
         spec = _encode({"ops": encoded, "slot": slot})
         closed: list[Any] = await self.pipe.evalsha(self._settle, index.keys, [spec])
         return [index.keys[int(i) - 1] for i in closed]
@@ -139,7 +146,7 @@ def _check(check: Check, index: _KeyIndex, slot: str) -> list[Any]:
 
 
 def _op(op: SettleOp, index: _KeyIndex, slot: str) -> list[Any]:
-    """One settle op as settle_v3.lua reads it."""
+    """One settle op as settle_v4.lua reads it."""
     key = index(op.key)
     match op:
         case AdjustBucket():
@@ -150,9 +157,9 @@ def _op(op: SettleOp, index: _KeyIndex, slot: str) -> list[Any]:
             member = reservation(slot, op.field, op.amount)
             row = ["q", key, op.field, op.amount, index(op.leases), member]
         case Increment():
-            row = ["i", key]
+            row = ["i", [key]]
             for field, amount in op.fields:
-                row += (field, amount)
+                row += ("." + field if isinstance(amount, float) else field, amount)
         case SetField():
             row = ["n" if op.only_if_missing else "s", key, op.field, op.value]
         case BreakerSuccess():

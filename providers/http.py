@@ -123,16 +123,17 @@ class SSEParser:
     def feed(self, piece: bytes) -> list[bytes]:
         """The data of every event ``piece`` completed (often none)."""
         self._check()
-        buffer = self._buffer + piece
+        buffer = self._buffer + piece if self._buffer else piece
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
+        events = buffer.split(b"\n\n")
+        self._buffer = events.pop()
         batch: list[bytes] = []
-        while (end := buffer.find(b"\n\n")) >= 0:
-            data = _event_data(buffer[:end])
-            buffer = buffer[end + 2 :]
-            if data is not None:
+        for event in events:
+            if event.startswith(b"data: ") and b"\n" not in event:
+                batch.append(event[6:])  # the usual event: one data line
+            elif (data := _event_data(event)) is not None:
                 batch.append(data)
-        self._buffer = buffer
         return batch
 
     def end(self) -> list[bytes]:

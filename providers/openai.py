@@ -106,13 +106,11 @@ class OpenAIChunkStream(SSEChunkStream):
         self._include_usage = include_usage
 
     def convert(self, data: bytes) -> list[bytes]:
+        """The chunk itself, or nothing for the end marker and for a usage chunk the client did
+        not ask for; notes the usage, raises on an error chunk."""
         if data == b"[DONE]":
             self.ended = True
             return []
-        return [data] if self._keep(data) else []
-
-    def _keep(self, data: bytes) -> bool:
-        """Whether to relay this chunk; notes its usage, raises on an error chunk."""
         try:
             head = _decode_chunk(data)
         except (msgspec.DecodeError, RecursionError) as exc:
@@ -122,5 +120,5 @@ class OpenAIChunkStream(SSEChunkStream):
         if head.usage is not None:
             self.usage = head.usage
             if not head.choices and not self._include_usage:
-                return False
-        return True
+                return []
+        return [data]
