@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 from litestar.types import Receive, Scope, Send
@@ -79,9 +80,20 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
     stream, batches = opened.stream, opened.batches
     try:
         batch = opened.first
+        if batch is not None and stream.ended:
+            # The whole stream came with its first read (a short reply, or a fast upstream):
+            # settle first and send it all, [DONE] included, in one write. The client receives
+            # it at once either way; this spares a write, and waiting on a deadline for nothing.
+            await anext(batches, None)  # ends the generator now, not at garbage collection
+            await _finish(stream, request, len(batch))
+            yield _events(batch) + b"data: [DONE]\n\n"
+            return
         while batch is not None:
-            yield b"".join([b"data: %s\n\n" % chunk for chunk in batch])
+            yield _events(batch)
             relayed += len(batch)
+            if stream.ended:
+                batch = await anext(batches, None)  # over: nothing left to wait for
+                continue
             try:
                 async with asyncio.timeout_at(request.deadline):
                     batch = await anext(batches, None)
@@ -102,6 +114,10 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
             record.emit()
         else:
             await _finish_whatever_happens(stream, request, relayed)
+
+
+def _events(batch: list[bytes]) -> bytes:
+    return b"".join([b"data: %s\n\n" % chunk for chunk in batch])
 
 
 async def _finish(stream: ChunkStream, request: AdmittedRequest, relayed: int) -> None:
@@ -146,7 +162,6 @@ async def send_events(
     under another server one plain task waits in ``receive()`` for the client to leave. Litestar's
     ``Stream`` used an anyio task group for this, about 7% of a stream's CPU.
     """
-    await send({"type": "http.response.start", "status": 200, "headers": head})
     sender = asyncio.current_task()
     assert sender is not None
     left = False
@@ -156,28 +171,40 @@ async def send_events(
         left = True
         sender.cancel()
 
-    async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        client_left()
-
-    register = cast(Callable[[Callable[[], None] | None], None] | None, scope.get(ON_DISCONNECT))
-    watcher = None
-    if register is not None:
-        register(client_left)
-    else:
-        watcher = asyncio.get_running_loop().create_task(watch())
+    stop_watching = _on_client_leaving(scope, receive, client_left)
     try:
-        async for chunk in events:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        # The head goes out with the first events (one write), not on its own before them.
+        first = await anext(events, None)
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        if first is not None:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for chunk in events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
         if not left:
             raise
         sender.uncancel()  # the client left: nothing more to send, and not a failure of this task
     finally:
-        if register is not None:
-            register(None)
-        if watcher is not None:
-            watcher.cancel()
+        stop_watching()
         await events.aclose()  # the relay's own ending (settlement) runs now, wherever it stopped
+
+
+def _on_client_leaving(scope: Scope, receive: Receive, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` if the client leaves; returns what undoes that once the response is over."""
+    register = cast(Callable[[Callable[[], None] | None], None] | None, scope.get(ON_DISCONNECT))
+    if register is not None:
+        register(callback)
+        return partial(register, None)
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        callback()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+
+    def stop() -> None:
+        watcher.cancel()
+
+    return stop

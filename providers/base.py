@@ -97,6 +97,8 @@ class ChunkStream(Protocol):
     """
 
     usage: Usage | None
+    ended: bool
+    """The upstream's end marker has arrived: the batches yielded so far are all there is."""
 
     def batches(self) -> AsyncIterator[list[bytes]]: ...
 

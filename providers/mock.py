@@ -61,6 +61,7 @@ class MockChunkStream:
     def __init__(self, chunks: list[bytes], usage: Usage) -> None:
         self._chunks = chunks
         self.usage: Usage | None = usage
+        self.ended = True
 
     async def batches(self) -> AsyncIterator[list[bytes]]:
         if self._chunks:

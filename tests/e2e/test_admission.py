@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -526,6 +527,7 @@ SHARED_TENANTS = "".join(
         tenant("settle-stream_cut", tpm=60_000, max_concurrency=1),
         tenant("settle-upstream_500", tpm=60_000, max_concurrency=1),
         tenant("settle-gone", tpm=60_000, max_concurrency=1),
+        tenant("one-at-a-time", max_concurrency=1),
     ]
 )
 
@@ -727,6 +729,20 @@ def test_a_failed_request_refunds_its_tokens_and_frees_its_slot(
     # Refunded: this one reserves BIG again from about the same level (a cut stream used ~10
     # tokens). Without the refund it would be BIG lower.
     assert int(after.headers["x-ratelimit-remaining-tokens"]) >= held - 50
+
+
+def test_the_next_request_finds_the_slot_free_at_either_worker(shared: Gateway) -> None:
+    # Every answer leaves after its settlement, streams included: a client that sends its next
+    # request the moment it has the last one (on a new connection: either worker) is never refused
+    # by max_concurrency = 1.
+    statuses: Counter[int] = Counter()
+    for i in range(120):
+        response = chat(shared.url, "one-at-a-time", max_tokens=8, stream=i % 2 == 1)
+        statuses[response.status_code] += 1
+        assert response.status_code == 200, (i, response.text)
+        if i % 2 == 1:
+            assert response.text.rstrip().endswith("data: [DONE]")
+    assert statuses == {200: 120}
 
 
 async def test_a_client_gone_mid_stream_frees_its_slot(shared: Gateway, upstream: MockUpstream) -> None:
