@@ -36,10 +36,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import uvloop
 
-from loadtest import bench_wrk
+from loadtest import bench_pin, bench_wrk
 from loadtest.bench_client import build_request, chat_body, run_load
 from loadtest.bench_procs import (
     BENCH_KEY,
@@ -227,6 +228,7 @@ async def _benchmark(
         f"matrix took {took:.0f} s; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after",
         f"gateway: 1 worker, admission in Redis, log level {args.log_level}; {other}"
         + (f"; upstream latency jitter +-{args.jitter_ms:g} ms" if args.jitter_ms else ""),
+        "CPU placement: " + (args.placement or "left to the scheduler"),
         "",
         table(cells),
         "",
@@ -310,6 +312,29 @@ async def _memory(stack: Stack, gateway: Target, total: int, concurrency: int) -
     return "\n".join(lines)
 
 
+def _pin(stack: Stack, args: argparse.Namespace) -> str | None:
+    """Place the processes (see :mod:`loadtest.bench_pin`); what was done, for the report."""
+    cpus = bench_pin.placement()
+    if cpus is None:
+        _say("fewer than two CPUs (or not Linux): CPU placement left to the scheduler")
+        return None
+    server, rest = cpus
+    servers = [stack.gateway.pid]
+    other = ""
+    if args.other_gateway:
+        port = urlsplit(args.other_gateway).port
+        found = bench_pin.listening_pids(port) if port else []
+        servers += found
+        other = f" and the other gateway ({len(found)} process(es))" if found else ""
+        if not found:
+            other = " (the other gateway's processes were not found: left unpinned)"
+    for pid in servers:
+        bench_pin.pin(pid, server)
+    for pid in (stack.mock.pid, stack.redis.pid, os.getpid()):
+        bench_pin.pin(pid, rest)
+    return f"gateway worker{other} on CPU {server}; load generator, mock upstream and Redis on CPU {rest}"
+
+
 def _targets(stack: Stack, args: argparse.Namespace) -> list[Target]:
     targets = [
         Target(DIRECT, f"{stack.mock_url}/v1/chat/completions", None, MODEL),
@@ -370,6 +395,12 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         help="spread the mock's non-zero latency uniformly by +-this (default 0: every answer on time)",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the servers under test on one CPU, the load generator, mock upstream and Redis on "
+        "another (see loadtest/bench_pin.py); default: placement left to the scheduler",
+    )
     parser.add_argument("--log-level", default="info", help="the gateway's (info writes one line a request)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write every cell as JSON")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir with the processes' logs")
@@ -399,6 +430,7 @@ def _main(args: argparse.Namespace) -> None:
         try:
             _say(f"mock upstream {stack.mock_url}, gateway {stack.gateway_url} (pid {stack.gateway.pid})")
             targets = _targets(stack, args)
+            args.placement = _pin(stack, args) if args.pin else None
             if args.jitter_ms:
                 mock_config(stack.mock_url, jitter_ms=args.jitter_ms)
             uvloop.run(_check(targets))
