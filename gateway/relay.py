@@ -80,14 +80,8 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
     stream, batches = opened.stream, opened.batches
     try:
         batch = opened.first
-        if batch is not None and stream.ended:
-            # The whole stream came with its first read (a short reply, or a fast upstream):
-            # settle first and send it all, [DONE] included, in one write. The client receives
-            # it at once either way; this spares a write, and waiting on a deadline for nothing.
-            await anext(batches, None)  # ends the generator now, not at garbage collection
-            await _finish(stream, request, len(batch))
-            yield _events(batch) + b"data: [DONE]\n\n"
-            return
+        # Even when the whole stream came with its first read, its events go out before the
+        # settlement's round trip: holding them for it cost ~0.2 ms of time to first token at c=1.
         while batch is not None:
             yield _events(batch)
             relayed += len(batch)
