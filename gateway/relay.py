@@ -80,8 +80,6 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
     stream, batches = opened.stream, opened.batches
     try:
         batch = opened.first
-        # Even when the whole stream came with its first read, its events go out before the
-        # settlement's round trip: holding them for it cost ~0.2 ms of time to first token at c=1.
         while batch is not None:
             yield _events(batch)
             relayed += len(batch)
@@ -167,13 +165,9 @@ async def send_events(
 
     stop_watching = _on_client_leaving(scope, receive, client_left)
     try:
-        # The head goes out with the first events (one write), not on its own before them.
-        first = await anext(events, None)
         await send({"type": "http.response.start", "status": 200, "headers": head})
-        if first is not None:
-            await send({"type": "http.response.body", "body": first, "more_body": True})
-            async for chunk in events:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        async for chunk in events:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
         if not left:
