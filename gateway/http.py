@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from litestar import MediaType, Request, Response
 from litestar.types import Message, Scope
@@ -63,7 +63,6 @@ async def authenticate(gateway: Gateway, address: str, authorization: str | None
     tenant = gateway.tenants.authenticate(bearer_key(authorization))
     if tenant is None:
         await _refuse(gateway, address, "invalid API key")
-    assert tenant is not None
     return tenant
 
 
@@ -88,7 +87,7 @@ async def require_admin(request: Request[Any, Any, Any]) -> None:
         await _refuse(gateway, address, "invalid admin key")
 
 
-async def _refuse(gateway: Gateway, address: str, message: str) -> None:
+async def _refuse(gateway: Gateway, address: str, message: str) -> NoReturn:
     """Count a wrong key against its address (429 once over the limit), else 401."""
     await gateway.key_guard.failed(address)
     raise InvalidApiKey(message)

@@ -279,12 +279,13 @@ class UpstreamResponse:
         """The whole body, or an ``UpstreamError`` when it is larger than ``limit`` bytes."""
         parts: list[bytes] = []
         size = 0
-        async for chunk in self.aiter_bytes():
-            size += len(chunk)
+        while (piece := await self.receive()) is not None:
+            size += len(piece)
             if size > limit:
+                self._release()  # the rest is not read: the connection cannot be reused
                 raise UpstreamError(f"the upstream response exceeded {limit} bytes")
-            parts.append(chunk)
-        return b"".join(parts)
+            parts.append(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def aclose(self, *, finish: bool = False) -> None:
         """Give the connection back. ``finish``: the caller has all it wanted (a stream's end
