@@ -3,7 +3,7 @@
 Parse only the fields the gateway needs, check the tenant may use the model, admit the request
 against the shared limits, then try targets under the one retry policy and hand back either a
 whole reply or a stream to relay. Every request is settled exactly once: before a whole reply is
-returned, or by the relay before its last event.
+returned, or by the relay as its last event goes out (see :mod:`gateway.relay`).
 """
 
 from __future__ import annotations

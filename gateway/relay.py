@@ -2,9 +2,12 @@
 
 The first chunk is read before the response starts, so a failure before any byte reaches the
 client is still a proper error status (and may be retried). After that a failure ends the stream
-with ``data: {"error": ...}`` and ``data: [DONE]``; nothing retries it. The request is settled
-before the last event goes out, so a client that sees ``[DONE]`` finds its slot already free.
-:func:`send_events` sends the events, and stops them when the client leaves.
+with ``data: {"error": ...}`` and ``data: [DONE]``; nothing retries it. The settlement is written
+to the store before the last event goes out, so a client that sees ``[DONE]`` and sends its next
+request at once finds its slot already free; its reply is awaited after that event, out of the
+client's time (one Redis round trip less per stream). A stream cut by an upstream failure is
+settled, reply and all, before its error event. :func:`send_events` sends the events, and stops
+them when the client leaves.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, cast
 from litestar.types import Receive, Scope, Send
 
 from gateway import observe
+from gateway.eager import Started
 from gateway.errors import UpstreamFailure, UpstreamTimeout, stream_error_event
 from gateway.http_protocol import ON_DISCONNECT
 from policies.routing import Target
@@ -28,6 +32,13 @@ if TYPE_CHECKING:
     from gateway.chat import AdmittedRequest
 
 log = logging.getLogger("modelgate.request")
+
+
+class LastEvents(bytes):
+    """The last events of a stream: sent together with the end of the response body."""
+
+
+_DONE = LastEvents(b"data: [DONE]\n\n")
 
 
 @dataclass(slots=True)
@@ -91,8 +102,12 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
                     batch = await anext(batches, None)
             except TimeoutError:
                 raise deadline_passed(breaker_failure=False) from None
-        await _finish(stream, request, relayed)
-        yield b"data: [DONE]\n\n"
+        settling = Started(_finish(stream, request, relayed))
+        request.limiter.flush(request.ticket)  # the settlement leaves before [DONE] does
+        try:
+            yield _DONE
+        finally:
+            await settling
     except UpstreamFailure as failure:
         record.failed(failure, failure.status)
         log.warning("stream cut", extra={"fields": {"request_id": record.request_id, "error": failure.code}})
@@ -102,7 +117,7 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
         await _finish(stream, request, relayed)
         yield stream_error_event(failure)
     finally:
-        if request.ticket.settled:  # the usual end: settled before the last event went out
+        if request.ticket.settled:  # the usual end: settled as the last event went out
             record.emit()
         else:
             await _finish_whatever_happens(stream, request, relayed)
@@ -166,9 +181,12 @@ async def send_events(
     stop_watching = _on_client_leaving(scope, receive, client_left)
     try:
         await send({"type": "http.response.start", "status": 200, "headers": head})
+        ended = False
         async for chunk in events:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            ended = isinstance(chunk, LastEvents)
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
         if not left:
             raise

@@ -82,12 +82,17 @@ class Plan:
     wrk_seconds: float
 
 
+_MODES = {"whole": False, "stream": True}
+
+
 def _plan(args: argparse.Namespace) -> Plan:
     concurrencies = tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else None
+    latencies = tuple(float(ms) for ms in args.latencies.split(",")) if args.latencies else (0.0, 50.0)
+    streams = tuple(_MODES[mode] for mode in args.modes.split(",")) if args.modes else (False, True)
     if args.quick:
         return Plan(
-            (0.0, 50.0),
-            (False, True),
+            latencies,
+            streams,
             concurrencies or (16,),
             args.seconds or 2.0,
             2,
@@ -96,8 +101,8 @@ def _plan(args: argparse.Namespace) -> Plan:
         )
     seconds = args.seconds or 8.0
     return Plan(
-        (0.0, 50.0),
-        (False, True),
+        latencies,
+        streams,
         concurrencies or (1, 16, 64),
         seconds,
         args.rounds,
@@ -382,6 +387,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--rounds", type=int, default=2, help="interleaved slices per setting")
     parser.add_argument("--concurrency", default=None, help="comma-separated (default 1,16,64; quick 16)")
+    parser.add_argument("--latencies", default=None, help="upstream ms, comma-separated (default 0,50)")
+    parser.add_argument("--modes", default=None, help="whole,stream or one of them (default both)")
     parser.add_argument("--no-wrk", dest="wrk", action="store_false", help="skip the wrk cross-check")
     parser.add_argument("--memory", type=int, default=None, metavar="N", help="memory check: N requests")
     parser.add_argument("--memory-concurrency", type=int, default=64)

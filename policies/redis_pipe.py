@@ -92,9 +92,15 @@ class _Protocol(asyncio.Protocol):
         return future
 
     def _flush(self) -> None:
+        if not self._out:
+            return  # already written by an early flush()
         out, self._out = self._out, []
         if self.transport is not None and not self.closed:
             self.transport.write(b"".join(out))
+
+    def flush(self) -> None:
+        """Write the queued commands now rather than at the end of the loop turn."""
+        self._flush()
 
     def _watch(self) -> None:
         self._watchdog = None
@@ -171,6 +177,12 @@ class RedisPipe:
         if isinstance(reply, ResponseError):
             raise reply
         return reply
+
+    def flush(self) -> None:
+        """Write the commands queued so far now, instead of at the end of this event-loop turn:
+        they then reach Redis before anything written afterwards elsewhere (a client's reply)."""
+        if self._protocol is not None:
+            self._protocol.flush()
 
     async def ping(self) -> None:
         await self.call("PING")

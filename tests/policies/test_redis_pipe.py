@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -149,3 +151,36 @@ async def test_a_wrong_password_fails_without_echoing_it(password_redis: int) ->
         await pipe.call("PING")
     assert "wrong-pass-xyz" not in str(caught.value)
     await pipe.aclose()
+
+
+async def test_flush_writes_the_queued_commands_before_the_turn_ends(own_redis: RedisServer) -> None:
+    # The relay relies on this: a settlement begun and flushed reaches Redis before the client's
+    # last bytes, which are written at the end of the loop turn. Checked with a blocking client
+    # within the turn: only what was already written can have been applied.
+    pipe = RedisPipe(own_redis.url, connect_timeout_s=1.0, command_timeout_s=1.0)
+    check = redis.Redis.from_url(own_redis.url)
+    try:
+        await pipe.ping()  # connected
+        check.delete("flushed", "unflushed")
+        unflushed = asyncio.ensure_future(pipe.call("SET", "unflushed", "1"))
+        await asyncio.sleep(0)  # queued; written at the end of the turn, which has not come yet
+        assert not poll_blocking(lambda: check.get("unflushed") == b"1", 0.2)
+        assert await unflushed == b"OK"
+        flushed = asyncio.ensure_future(pipe.call("SET", "flushed", "1"))
+        await asyncio.sleep(0)
+        pipe.flush()
+        assert poll_blocking(lambda: check.get("flushed") == b"1", 2.0)
+        assert await flushed == b"OK"
+    finally:
+        check.close()
+        await pipe.aclose()
+
+
+def poll_blocking(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``condition`` while blocking the event loop on purpose, until it holds or time is up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.001)
+    return False
