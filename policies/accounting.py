@@ -110,11 +110,16 @@ def usage_ops(keys: Keys, charge: Charge, now: float | None = None) -> list[Sett
     now = time.time() if now is None else now
     fields = _fields(charge)
     ops: list[SettleOp] = []
+    expiries: list[SettleOp] = []
+    # The three increments are adjacent, so the store sends them as one op on three keys; the
+    # total never expires, so it needs no expiry op.
     for kind, retain in (("day", RETAIN_DAY_S), ("month", RETAIN_MONTH_S), ("total", 0)):
         current = period(kind, now)
         key = keys.usage(charge.tenant, current.id)
         ops.append(Increment(key, fields))
-        ops.append(Expire(key, int((current.ends_in_s or 0) + retain) if retain else 0))
+        if retain:
+            expiries.append(Expire(key, int((current.ends_in_s or 0) + retain)))
+    ops += expiries
     if charge.task_id is not None:
         ops.extend(_task_ops(keys, charge, fields, now))
     return ops

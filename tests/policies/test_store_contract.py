@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio as aioredis
 
+from policies.accounting import Charge, usage_ops
 from policies.admission import (
     AdjustBucket,
     AdmissionRequest,
@@ -19,6 +20,7 @@ from policies.admission import (
     BreakerSuccess,
     BucketCheck,
     BucketState,
+    Expire,
     Increment,
     QuotaCheck,
     ReleaseReservation,
@@ -27,6 +29,7 @@ from policies.admission import (
     SlotCheck,
     reservation,
 )
+from policies.keys import Keys
 from policies.memory_store import MemoryStore
 from policies.redis_pipe import RedisPipe
 from policies.redis_store import RedisStore
@@ -245,6 +248,21 @@ async def test_the_same_amounts_reach_every_period_hash(store: Store) -> None:
         {"requests": "1", "tokens": "30", "usd": "0.125"},
         {"requests": "1", "tokens": "30", "usd": "0.125"},
     ]
+
+
+async def test_a_charge_reaches_the_period_hashes_and_only_day_and_month_expire(store: Store) -> None:
+    keys = Keys("acct")
+    charge = Charge("t1", "gpt", None, 18, 12, 0.5, estimated=False)
+    ops = usage_ops(keys, charge)
+    assert [type(op) for op in ops] == [Increment] * 3 + [Expire] * 2  # adjacent increments: one row
+    await store.settle("s", ops)
+    await store.settle("s2", usage_ops(keys, charge))
+    hashes = [op.key for op in ops[:3]]
+    expected = {"requests": "2", "prompt_tokens": "36", "completion_tokens": "24", "tokens": "60", "usd": "1"}
+    assert [await store.read(key) for key in hashes] == [expected] * 3
+    if isinstance(store, RedisStore):
+        ttls = [await store.pipe.call("TTL", key) for key in hashes]
+        assert ttls[0] > 0 and ttls[1] > ttls[0] and ttls[2] == -1  # the total never expires
 
 
 async def test_integer_fields_written_as_floats_before_still_add_up(store: Store) -> None:
