@@ -64,20 +64,17 @@ def deadline_passed(*, breaker_failure: bool = True) -> UpstreamTimeout:
 
 async def open_stream(target: Target, call: ChatCall, deadline: float) -> OpenedStream:
     """Open a stream and read its first chunks, all before the deadline."""
+    stream: ChunkStream | None = None
     try:
         async with asyncio.timeout_at(deadline):
             stream = await target.provider.stream(call)
-    except TimeoutError:
-        raise deadline_passed() from None
-    batches = stream.batches()
-    try:
-        async with asyncio.timeout_at(deadline):
+            batches = stream.batches()
             first = await anext(batches, None)
-    except TimeoutError:
-        await stream.aclose()
-        raise deadline_passed() from None
-    except BaseException:
-        await stream.aclose()
+    except BaseException as exc:
+        if stream is not None:
+            await stream.aclose()
+        if isinstance(exc, TimeoutError):
+            raise deadline_passed() from None
         raise
     return OpenedStream(stream, batches, first)
 
