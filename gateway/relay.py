@@ -3,9 +3,11 @@
 The first chunk is read before the response starts, so a failure before any byte reaches the
 client is still a proper error status (and may be retried). After that a failure ends the stream
 with ``data: {"error": ...}`` and ``data: [DONE]``; nothing retries it. The settlement is written
-to the store before the last event goes out, so a client that sees ``[DONE]`` and sends its next
-request at once finds its slot already free; its reply is awaited after that event, out of the
-client's time (one Redis round trip less per stream). A stream cut by an upstream failure is
+to the store before the last event goes out (the gateway's server writes the Redis commands queued
+in an event-loop turn ahead of the client bytes of that turn: :func:`gateway.http_protocol.flush_first`),
+so a client that sees ``[DONE]`` and sends its next request at once finds its slot already free;
+its reply is awaited after that event, out of the client's time (one Redis round trip less per
+stream). A stream cut by an upstream failure is
 settled, reply and all, before its error event. :func:`send_events` sends the events, and stops
 them when the client leaves.
 """
@@ -99,8 +101,8 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
                     batch = await anext(batches, None)
             except TimeoutError:
                 raise deadline_passed(breaker_failure=False) from None
+        # Queued for Redis now; the server writes it ahead of [DONE] (http_protocol.flush_first).
         settling = Started(_finish(stream, request, relayed))
-        request.limiter.flush(request.ticket)  # the settlement leaves before [DONE] does
         try:
             yield _DONE
         finally:

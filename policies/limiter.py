@@ -256,9 +256,9 @@ class Limiter:
         if closed and ticket.held:
             self.breakers.transitioned(ticket.held[-1].target, "closed")
 
-    def flush(self, ticket: Ticket) -> None:
-        """Send what was begun for ``ticket`` (its settlement) now, ahead of later writes."""
-        ticket.store.flush()
+    def flush(self) -> None:
+        """Send the store calls begun so far (a settlement whose reply is awaited later) now."""
+        self._store.flush()
 
     def _took(self, ticket: Ticket, target: Target, checks: tuple[Check, ...], decision: Decision) -> None:
         ticket.held.append(Held(target.name, checks))
