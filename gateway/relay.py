@@ -2,14 +2,15 @@
 
 The first chunk is read before the response starts, so a failure before any byte reaches the
 client is still a proper error status (and may be retried). After that a failure ends the stream
-with ``data: {"error": ...}`` and ``data: [DONE]``; nothing retries it. The settlement is written
-to the store before the last event goes out (the gateway's server writes the Redis commands queued
-in an event-loop turn ahead of the client bytes of that turn: :func:`gateway.http_protocol.flush_first`),
-so a client that sees ``[DONE]`` and sends its next request at once finds its slot already free;
-its reply is awaited after that event, out of the client's time (one Redis round trip less per
-stream). A stream cut by an upstream failure is
-settled, reply and all, before its error event. :func:`send_events` sends the events, and stops
-them when the client leaves.
+with ``data: {"error": ...}`` and ``data: [DONE]``; nothing retries it.
+
+A stream that ends well is settled as its last event goes out: the settlement is queued for Redis
+(:class:`gateway.eager.Started`), the gateway's server writes the Redis commands of a loop turn
+ahead of that turn's client bytes (:func:`gateway.http_protocol.flush_first`), so a client that
+sees ``[DONE]`` and sends its next request at once finds its slot already free; the settlement's
+reply is awaited after, out of the client's time. A stream cut by an upstream failure is settled,
+reply and all, before its error event. :func:`send_events` sends the events, and stops them when
+the client leaves.
 """
 
 from __future__ import annotations
