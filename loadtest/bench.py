@@ -85,10 +85,27 @@ class Plan:
 _MODES = {"whole": False, "stream": True}
 
 
+def _latencies(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(ms) for ms in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated milliseconds: {text!r}") from None
+    if any(ms < 0 for ms in values):
+        raise argparse.ArgumentTypeError("upstream latencies are 0 ms or more")
+    return values
+
+
+def _modes(text: str) -> tuple[bool, ...]:
+    unknown = [mode for mode in text.split(",") if mode not in _MODES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"modes are whole and stream, not {', '.join(unknown)}")
+    return tuple(_MODES[mode] for mode in text.split(","))
+
+
 def _plan(args: argparse.Namespace) -> Plan:
     concurrencies = tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else None
-    latencies = tuple(float(ms) for ms in args.latencies.split(",")) if args.latencies else (0.0, 50.0)
-    streams = tuple(_MODES[mode] for mode in args.modes.split(",")) if args.modes else (False, True)
+    latencies: tuple[float, ...] = args.latencies or (0.0, 50.0)
+    streams: tuple[bool, ...] = args.modes or (False, True)
     if args.quick:
         return Plan(
             latencies,
@@ -387,8 +404,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--rounds", type=int, default=2, help="interleaved slices per setting")
     parser.add_argument("--concurrency", default=None, help="comma-separated (default 1,16,64; quick 16)")
-    parser.add_argument("--latencies", default=None, help="upstream ms, comma-separated (default 0,50)")
-    parser.add_argument("--modes", default=None, help="whole,stream or one of them (default both)")
+    parser.add_argument(
+        "--latencies", type=_latencies, default=None, help="upstream ms, comma-separated (default 0,50)"
+    )
+    parser.add_argument(
+        "--modes", type=_modes, default=None, help="whole,stream or one of them (default both)"
+    )
     parser.add_argument("--no-wrk", dest="wrk", action="store_false", help="skip the wrk cross-check")
     parser.add_argument("--memory", type=int, default=None, metavar="N", help="memory check: N requests")
     parser.add_argument("--memory-concurrency", type=int, default=64)

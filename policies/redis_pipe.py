@@ -82,7 +82,7 @@ class _Protocol(asyncio.Protocol):
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
         if not self._out:
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush)
         self._out.append(command)
         future: asyncio.Future[Any] = self._loop.create_future()
         self.waiting.append(future)
@@ -91,16 +91,13 @@ class _Protocol(asyncio.Protocol):
             self._watchdog = self._loop.call_later(self._timeout_s / 4, self._watch)
         return future
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write the queued commands (at the end of the loop turn, or earlier when asked)."""
         if not self._out:
             return  # already written by an early flush()
         out, self._out = self._out, []
         if self.transport is not None and not self.closed:
             self.transport.write(b"".join(out))
-
-    def flush(self) -> None:
-        """Write the queued commands now rather than at the end of the loop turn."""
-        self._flush()
 
     def _watch(self) -> None:
         self._watchdog = None
