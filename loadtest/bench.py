@@ -96,10 +96,11 @@ def _latencies(text: str) -> tuple[float, ...]:
 
 
 def _modes(text: str) -> tuple[bool, ...]:
-    unknown = [mode for mode in text.split(",") if mode not in _MODES]
+    names = text.split(",")
+    unknown = [name for name in names if name not in _MODES]
     if unknown:
         raise argparse.ArgumentTypeError(f"modes are whole and stream, not {', '.join(unknown)}")
-    return tuple(_MODES[mode] for mode in text.split(","))
+    return tuple(_MODES[name] for name in names)
 
 
 def _plan(args: argparse.Namespace) -> Plan:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
+
+import pytest
 
 from gateway import http_protocol
 from gateway.config import parse_config
@@ -30,11 +33,21 @@ async def _received(peer: socket.socket, size: int) -> bytes:
     return data
 
 
-async def test_writes_of_one_turn_go_out_together_after_the_flush_first_hooks() -> None:
+@pytest.fixture
+async def connection() -> AsyncIterator[tuple[_CoalescedWrites, socket.socket]]:
+    """A coalescing writer over one end of a socket pair, and the other end to read from."""
     loop = asyncio.get_running_loop()
     ours, peer = socket.socketpair()
     transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
-    writes = _CoalescedWrites(transport, loop)  # type: ignore[arg-type]
+    yield _CoalescedWrites(transport, loop), peer  # type: ignore[arg-type]
+    transport.close()
+    peer.close()
+
+
+async def test_writes_of_one_turn_go_out_together_after_the_flush_first_hooks(
+    connection: tuple[_CoalescedWrites, socket.socket],
+) -> None:
+    writes, peer = connection
     hook_saw: list[bytes] = []
     undo = flush_first(lambda: hook_saw.append(_pending(peer)))
     try:
@@ -47,26 +60,17 @@ async def test_writes_of_one_turn_go_out_together_after_the_flush_first_hooks() 
         assert hook_saw == [b""]  # and not again with nothing to write
     finally:
         undo()
-        transport.close()
-        peer.close()
 
 
-async def test_an_undone_hook_is_not_called() -> None:
-    loop = asyncio.get_running_loop()
-    ours, peer = socket.socketpair()
-    transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
-    writes = _CoalescedWrites(transport, loop)  # type: ignore[arg-type]
+async def test_an_undone_hook_is_not_called(connection: tuple[_CoalescedWrites, socket.socket]) -> None:
+    writes, peer = connection
     calls: list[str] = []
     undo = flush_first(lambda: calls.append("called"))
     undo()
     undo()  # twice is harmless
-    try:
-        writes.write(b"x")
-        assert await _received(peer, 1) == b"x"
-        assert calls == []
-    finally:
-        transport.close()
-        peer.close()
+    writes.write(b"x")
+    assert await _received(peer, 1) == b"x"
+    assert calls == []
 
 
 async def test_a_gateway_with_redis_flushes_its_queued_commands_first_while_it_runs(
