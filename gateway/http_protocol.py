@@ -16,8 +16,7 @@ connections, could hold a worker's memory and sockets. This subclass adds, per w
 
 It also coalesces a response's writes: uvicorn writes the status line and headers on
 ``http.response.start`` and the body on ``http.response.body``, two ``send()`` calls (and two TCP
-segments) for every whole reply. Writes made in one event-loop turn now go out as one, and after
-whatever :func:`flush_first` hooks send first (the Redis commands queued by then).
+segments) for every whole reply. Writes made in one event-loop turn now go out as one.
 
 A request's scope carries ``ON_DISCONNECT``: a function that registers a callback (or None to
 drop it) for the connection's loss, so a streaming response learns that its client left without
@@ -78,25 +77,6 @@ def error_bytes(error: GatewayError) -> bytes:
     )
 
 
-_FLUSH_FIRST: list[Callable[[], None]] = []
-
-
-def flush_first(flush: Callable[[], None]) -> Callable[[], None]:
-    """Call ``flush`` before each coalesced write to a client, so that what it sends (the Redis
-    commands queued so far) leaves ahead of the client's bytes; returns what undoes that.
-
-    A stream's settlement is queued for Redis, not awaited, before its ``[DONE]``: with this, the
-    settlement is on its way before the client can see the end and send its next request.
-    """
-    _FLUSH_FIRST.append(flush)
-
-    def undo() -> None:
-        if flush in _FLUSH_FIRST:
-            _FLUSH_FIRST.remove(flush)
-
-    return undo
-
-
 class _CoalescedWrites:
     """Stands in for the transport of a request's response cycle: writes made in one loop turn are
     joined and sent at the end of it; everything else is the real transport's."""
@@ -115,8 +95,6 @@ class _CoalescedWrites:
 
     def flush(self) -> None:
         if self._parts:
-            for flush in _FLUSH_FIRST:
-                flush()
             data = b"".join(self._parts)
             self._parts = []
             if not self._transport.is_closing():

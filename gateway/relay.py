@@ -4,11 +4,11 @@ The first chunk is read before the response starts, so a failure before any byte
 client is still a proper error status (and may be retried). After that a failure ends the stream
 with ``data: {"error": ...}`` and ``data: [DONE]``; nothing retries it.
 
-A stream that ends well is settled as its last event goes out: the settlement is queued for Redis
-(:class:`gateway.eager.Started`), the gateway's server writes the Redis commands of a loop turn
-ahead of that turn's client bytes (:func:`gateway.http_protocol.flush_first`), so a client that
-sees ``[DONE]`` and sends its next request at once finds its slot already free; the settlement's
-reply is awaited after, out of the client's time. A stream cut by an upstream failure is settled,
+A stream that ends well is settled as its last event goes out: the settlement is begun
+(:class:`gateway.eager.Started`), which writes its Redis command at once, and ``[DONE]`` goes out
+at the end of that loop turn, after it; so a client that sees ``[DONE]`` and sends its next
+request at once finds its slot already free. The settlement's reply is awaited after, out of the
+client's time. A stream cut by an upstream failure is settled,
 reply and all, before its error event. :func:`send_events` sends the events, and stops them when
 the client leaves.
 """
@@ -102,7 +102,7 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
                     batch = await anext(batches, None)
             except TimeoutError:
                 raise deadline_passed(breaker_failure=False) from None
-        # Queued for Redis now; the server writes it ahead of [DONE] (http_protocol.flush_first).
+        # Written to Redis now, ahead of [DONE], which leaves at the end of this loop turn.
         settling = Started(_finish(stream, request, relayed))
         try:
             yield _DONE

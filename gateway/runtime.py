@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -12,7 +11,6 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from gateway import http_protocol
 from gateway.config import Config
 from gateway.key_guard import KeyGuard
 from gateway.secret import key_hash, stored_key_hash
@@ -44,7 +42,6 @@ class Gateway:
     redis: aioredis.Redis | None
     admin_key_hash: str | None
     key_guard: KeyGuard
-    unhook_flush: Callable[[], None] | None = None
 
     @classmethod
     def build(cls, config: Config, workers: int = 1) -> Gateway:
@@ -76,14 +73,9 @@ class Gateway:
             async with asyncio.timeout(REDIS_COMMAND_TIMEOUT_S * 2):
                 await self.tenants.refresh()
         self.limiter.start()
-        if self.limiter.shared:  # Redis commands go out ahead of the client bytes of their turn
-            self.unhook_flush = http_protocol.flush_first(self.limiter.flush)
         self.tenants.start()
 
     async def aclose(self) -> None:
-        if self.unhook_flush is not None:
-            self.unhook_flush()
-            self.unhook_flush = None
         await self.tenants.stop()
         await self.limiter.stop()
         await asyncio.gather(*(p.aclose() for p in self.providers.values()))

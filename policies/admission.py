@@ -198,11 +198,6 @@ class AdmissionStore(Protocol):
         """Apply ``ops`` atomically; returns the keys of breakers that closed."""
         ...
 
-    def flush(self) -> None:
-        """Send the calls begun so far now, if the store batches its writes (settlements whose
-        reply is awaited later)."""
-        ...
-
     async def peek(self, buckets: Sequence[BucketCheck]) -> tuple[BucketState, ...]:
         """The buckets as they stand, taking nothing (for the headers of answers without admission)."""
         ...

@@ -256,10 +256,6 @@ class Limiter:
         if closed and ticket.held:
             self.breakers.transitioned(ticket.held[-1].target, "closed")
 
-    def flush(self) -> None:
-        """Send the store calls begun so far (a settlement whose reply is awaited later) now."""
-        self._store.flush()
-
     def _took(self, ticket: Ticket, target: Target, checks: tuple[Check, ...], decision: Decision) -> None:
         ticket.held.append(Held(target.name, checks))
         if decision.probe == "half_open":

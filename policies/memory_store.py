@@ -92,9 +92,6 @@ class MemoryStore:
                 self._apply(op, slot, now)
         return closed
 
-    def flush(self) -> None:
-        pass  # nothing is batched: every call is applied when made
-
     async def peek(self, buckets: Sequence[BucketCheck]) -> tuple[BucketState, ...]:
         return self._levels(buckets, self._clock())
 

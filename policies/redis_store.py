@@ -111,9 +111,6 @@ class RedisStore:
         closed: list[Any] = await self.pipe.evalsha(self._settle, index.keys, [spec])
         return [index.keys[int(i) - 1] for i in closed]
 
-    def flush(self) -> None:
-        self.pipe.flush()
-
     async def peek(self, buckets: Sequence[BucketCheck]) -> tuple[BucketState, ...]:
         if not buckets:
             return ()

@@ -1,4 +1,4 @@
-"""The gateway's server protocol: writes of a loop turn coalesced, with ``flush_first`` ahead of them."""
+"""The gateway's server protocol: the writes of a loop turn coalesced into one."""
 
 from __future__ import annotations
 
@@ -8,11 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway import http_protocol
-from gateway.config import parse_config
-from gateway.http_protocol import _CoalescedWrites, flush_first
-from gateway.runtime import Gateway
-from tests.harness import RedisServer
+from gateway.http_protocol import _CoalescedWrites
 
 
 def _pending(peer: socket.socket) -> bytes:
@@ -44,62 +40,13 @@ async def connection() -> AsyncIterator[tuple[_CoalescedWrites, socket.socket]]:
     peer.close()
 
 
-async def test_writes_of_one_turn_go_out_together_after_the_flush_first_hooks(
+async def test_writes_of_one_turn_go_out_together_at_its_end(
     connection: tuple[_CoalescedWrites, socket.socket],
 ) -> None:
     writes, peer = connection
-    hook_saw: list[bytes] = []
-    undo = flush_first(lambda: hook_saw.append(_pending(peer)))
-    try:
-        writes.write(b"head ")
-        writes.write(b"body")
-        assert _pending(peer) == b""  # nothing leaves before the end of the turn
-        assert await _received(peer, 9) == b"head body"
-        assert hook_saw == [b""]  # the hook ran once, before the client's bytes were written
-        await asyncio.sleep(0)
-        assert hook_saw == [b""]  # and not again with nothing to write
-    finally:
-        undo()
-
-
-async def test_an_undone_hook_is_not_called(connection: tuple[_CoalescedWrites, socket.socket]) -> None:
-    writes, peer = connection
-    calls: list[str] = []
-    undo = flush_first(lambda: calls.append("called"))
-    undo()
-    undo()  # twice is harmless
-    writes.write(b"x")
-    assert await _received(peer, 1) == b"x"
-    assert calls == []
-
-
-async def test_a_gateway_with_redis_flushes_its_queued_commands_first_while_it_runs(
-    redis_server: RedisServer,
-) -> None:
-    config = parse_config(
-        f"""
-[redis]
-url = "{redis_server.url}"
-prefix = "flush-first"
-
-[[providers]]
-name = "local"
-type = "mock"
-
-[[models]]
-name = "mock"
-targets = [{{ provider = "local", model = "mock" }}]
-
-[[tenants]]
-name = "acme"
-keys = ["sk-flush-first-0123456789"]
-""",
-        {},
-    )
-    gateway = Gateway.build(config)
-    await gateway.start()
-    try:
-        assert gateway.limiter.flush in http_protocol._FLUSH_FIRST
-    finally:
-        await gateway.aclose()
-    assert gateway.limiter.flush not in http_protocol._FLUSH_FIRST
+    writes.write(b"head ")
+    writes.write(b"body")
+    assert _pending(peer) == b""  # nothing leaves before the end of the turn
+    assert await _received(peer, 9) == b"head body"
+    writes.write(b"next")  # a later turn's writes are their own
+    assert await _received(peer, 4) == b"next"

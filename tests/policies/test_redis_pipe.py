@@ -153,24 +153,19 @@ async def test_a_wrong_password_fails_without_echoing_it(password_redis: int) ->
     await pipe.aclose()
 
 
-async def test_flush_writes_the_queued_commands_before_the_turn_ends(own_redis: RedisServer) -> None:
-    # The relay relies on this: a settlement begun and flushed reaches Redis before the client's
-    # last bytes, which are written at the end of the loop turn. Checked with a blocking client
-    # within the turn: only what was already written can have been applied.
+async def test_a_command_is_written_when_it_is_called(own_redis: RedisServer) -> None:
+    # Settlements rely on this: one begun before a client's reply is written (at the end of the
+    # loop turn) reaches Redis first. Checked with a blocking client within the turn: only what was
+    # already written can have been applied.
     pipe = RedisPipe(own_redis.url, connect_timeout_s=1.0, command_timeout_s=1.0)
     check = redis.Redis.from_url(own_redis.url)
     try:
         await pipe.ping()  # connected
-        check.delete("flushed", "unflushed")
-        unflushed = asyncio.ensure_future(pipe.call("SET", "unflushed", "1"))
-        await asyncio.sleep(0)  # queued; written at the end of the turn, which has not come yet
-        assert not poll_blocking(lambda: check.get("unflushed") == b"1", 0.2)
-        assert await unflushed == b"OK"
-        flushed = asyncio.ensure_future(pipe.call("SET", "flushed", "1"))
-        await asyncio.sleep(0)
-        pipe.flush()
-        assert poll_blocking(lambda: check.get("flushed") == b"1", 2.0)
-        assert await flushed == b"OK"
+        check.delete("written")
+        written = asyncio.ensure_future(pipe.call("SET", "written", "1"))
+        await asyncio.sleep(0)  # the call runs up to its wait for the reply; the turn goes on
+        assert poll_blocking(lambda: check.get("written") == b"1", 2.0)
+        assert await written == b"OK"
     finally:
         check.close()
         await pipe.aclose()
