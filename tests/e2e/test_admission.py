@@ -732,10 +732,9 @@ def test_a_failed_request_refunds_its_tokens_and_frees_its_slot(
 
 
 def test_the_next_request_finds_the_slot_free_at_either_worker(shared: Gateway) -> None:
-    # A whole answer leaves after its settlement; a stream's [DONE] after its settlement was
-    # written to Redis (its reply is awaited later): either way a client that sends its next request
-    # the moment it has the last one (on a new connection: either worker) is never refused by
-    # max_concurrency = 1.
+    # A whole answer, like a stream's [DONE], leaves after its settlement was written to Redis
+    # (its reply is awaited later): a client that sends its next request the moment it has the
+    # last one (on a new connection: either worker) is never refused by max_concurrency = 1.
     statuses: Counter[int] = Counter()
     for i in range(120):
         response = chat(shared.url, "one-at-a-time", max_tokens=8, stream=i % 2 == 1)
