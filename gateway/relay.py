@@ -8,9 +8,8 @@ A stream that ends well is settled as its last event goes out: the settlement is
 (:class:`gateway.eager.Started`), which writes its Redis command at once, and ``[DONE]`` goes out
 at the end of that loop turn, after it; so a client that sees ``[DONE]`` and sends its next
 request at once finds its slot already free. The settlement's reply is awaited after, out of the
-client's time. A stream cut by an upstream failure is settled,
-reply and all, before its error event. :func:`send_events` sends the events, and stops them when
-the client leaves.
+client's time. A stream cut by an upstream failure is settled, reply and all, before its error
+event. :func:`send_events` sends the events, and stops them when the client leaves.
 """
 
 from __future__ import annotations
