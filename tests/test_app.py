@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from litestar.testing import AsyncTestClient
 
 import gateway
 import providers
-from gateway import errors
+from gateway import errors, metrics
 from gateway.app import create_app
 from gateway.chat_input import parse_head
 from gateway.config import Config, ModelConfig, ProviderConfig, ServerConfig, TargetConfig, TenantConfig
@@ -146,3 +147,58 @@ def test_a_started_app_exempts_its_startup_heap_from_full_collections() -> None:
     frozen, threshold_set = done.stdout.split()
     assert int(frozen) > 10_000  # Litestar, msgspec and the config: what a full collection skips
     assert threshold_set == "True"
+
+
+async def test_a_whole_reply_that_cannot_be_sent_is_still_settled_and_counted() -> None:
+    # A whole reply goes out with its settlement begun and is settled, counted and logged whatever
+    # the sending does; with max_concurrency = 1 the next request finds the slot free.
+    key = "unit-test-broken-send-0123456789"
+    cfg = Config(
+        providers=[ProviderConfig(name="local", type="mock")],
+        models=[ModelConfig(name="mock", targets=[TargetConfig(provider="local", model="mock")])],
+        tenants=[TenantConfig(name="broken-send", keys=[Secret(key)], max_concurrency=1)],
+    )
+    app = create_app(cfg)
+    body = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    labels = {"tenant": "broken-send", "model": "mock", "status": "200"}
+    counted_before = metrics.REGISTRY.get_sample_value("modelgate_requests_total", labels) or 0.0
+    sent: list[str] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message["type"])
+        if message["type"] == "http.response.body":
+            raise OSError("the client's connection broke")
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"authorization", f"Bearer {key}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8080),
+    }
+    async with AsyncTestClient(app) as client:
+        with pytest.raises(OSError, match="connection broke"):
+            await app(scope, receive, send)  # type: ignore[arg-type]
+        assert sent == ["http.response.start", "http.response.body"]
+        counted = metrics.REGISTRY.get_sample_value("modelgate_requests_total", labels)
+        assert counted == counted_before + 1
+        again = await client.post(
+            "/v1/chat/completions",
+            content=body,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        )
+        assert again.status_code == 200, again.text
