@@ -45,13 +45,14 @@ def bench_config() -> Config:
     )
 
 
-def _scope(body: bytes) -> dict[str, Any]:
+def chat_scope(body: bytes, key: str, extra: Sequence[tuple[bytes, bytes]] = ()) -> dict[str, Any]:
+    """The ASGI scope of a ``POST /v1/chat/completions`` of ``body`` with ``key``, as a server
+    would hand it to the app (for calling the app in process, without a server)."""
     headers = [
-        (b"host", b"bench"),
-        (b"authorization", f"Bearer {KEY}".encode()),
+        (b"authorization", f"Bearer {key}".encode()),
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        *extra,
     ]
     return {
         "type": "http",
@@ -91,7 +92,8 @@ async def _call(app: Any, body: bytes) -> int:
         elif not message.get("more_body", False):
             complete.set()
 
-    await app(_scope(body), receive, send)
+    trace = (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    await app(chat_scope(body, KEY, [(b"host", b"bench"), trace]), receive, send)
     return status
 
 

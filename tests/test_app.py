@@ -18,6 +18,7 @@ from gateway.chat_input import parse_head
 from gateway.config import Config, ModelConfig, ProviderConfig, ServerConfig, TargetConfig, TenantConfig
 from gateway.devmode import dev_config
 from gateway.secret import Secret, key_hash
+from loadtest.observability_bench import chat_scope
 
 KEY = "unit-test-key-0123456789"
 
@@ -172,27 +173,9 @@ async def test_a_whole_reply_that_cannot_be_sent_is_still_settled_and_counted() 
         if message["type"] == "http.response.body":
             raise OSError("the client's connection broke")
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"authorization", f"Bearer {key}".encode()),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8080),
-    }
     async with AsyncTestClient(app) as client:
         with pytest.raises(OSError, match="connection broke"):
-            await app(scope, receive, send)  # type: ignore[arg-type]
+            await app(chat_scope(body, key), receive, send)  # type: ignore[arg-type]
         assert sent == ["http.response.start", "http.response.body"]
         counted = metrics.REGISTRY.get_sample_value("modelgate_requests_total", labels)
         assert counted == counted_before + 1
