@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import calendar
 import time
-from dataclasses import dataclass
+
+import msgspec
 
 from gateway.tenants import Tenant
 from policies.admission import Expire, Increment, QuotaCheck, SetField, SettleOp
@@ -28,8 +29,7 @@ RETAIN_MONTH_S = 400 * 86_400
 RETAIN_TASK_S = 30 * 86_400
 
 
-@dataclass(frozen=True, slots=True)
-class Period:
+class Period(msgspec.Struct, frozen=True, gc=False):
     """One budget period: its id in key names and the seconds until it ends (None: never)."""
 
     id: str
@@ -63,8 +63,7 @@ def _bounds(kind: str, now: float) -> tuple[str, float, float]:
     return f"m{t.tm_year:04d}-{t.tm_mon:02d}", start, calendar.timegm((year, month, 1, 0, 0, 0))
 
 
-@dataclass(frozen=True, slots=True)
-class Charge:
+class Charge(msgspec.Struct, frozen=True, gc=False):
     """What one request used, to be recorded."""
 
     tenant: str

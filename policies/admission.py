@@ -6,21 +6,24 @@ Nothing is taken unless the request is admitted. A finished request is settled b
 operations (refund or debit tokens, free its slot, record spend and usage), also in one step.
 Two stores implement it with the same semantics: Redis (shared by every process) and memory
 (dev mode, and the per-process fallback when Redis is away).
+
+The values are frozen msgspec Structs rather than frozen dataclasses: a dozen of them are made for
+every request, and a Struct is built about eight times faster (0.09 against 0.7 µs here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
+
+import msgspec
 
 LEASE_MS = 15_000
 """How long a concurrency slot lives without renewal (default): a dead worker's slots are freed by then.
 Each process renews the leases of its in-flight requests every third of it."""
 
 
-@dataclass(frozen=True, slots=True)
-class BucketCheck:
+class BucketCheck(msgspec.Struct, frozen=True, gc=False):
     """A token bucket holding ``capacity`` (one minute's quota), refilled at capacity/60 per second."""
 
     key: str
@@ -30,16 +33,14 @@ class BucketCheck:
     """Whether the bucket counts tokens, settled to actual usage (else requests, never settled)."""
 
 
-@dataclass(frozen=True, slots=True)
-class SlotCheck:
+class SlotCheck(msgspec.Struct, frozen=True, gc=False):
     """A concurrency limit: at most ``limit`` leased slots at once."""
 
     key: str
     limit: int
 
 
-@dataclass(frozen=True, slots=True)
-class QuotaCheck:
+class QuotaCheck(msgspec.Struct, frozen=True, gc=False):
     """A spend limit on a usage hash: ``spent`` + ``reserved`` + ``reserve`` must stay within ``limit``.
 
     ``spent`` is the accounting field the settlement adds actual usage to (``usd``, ``tokens``);
@@ -62,8 +63,7 @@ class QuotaCheck:
         return reservation_leases(self.key)
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerCheck:
+class BreakerCheck(msgspec.Struct, frozen=True, gc=False):
     """A target's circuit breaker: closed passes; open passes after ``reset_ms`` as a half-open
     probe; half-open lets ``probes`` probes out at once (forgotten after ``probe_ttl_ms``)."""
 
@@ -76,15 +76,13 @@ class BreakerCheck:
 Check = BucketCheck | SlotCheck | QuotaCheck | BreakerCheck
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionRequest:
+class AdmissionRequest(msgspec.Struct, frozen=True, gc=False):
     slot: str
     tenant: tuple[Check, ...]
     candidates: tuple[tuple[Check, ...], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class BucketState:
+class BucketState(msgspec.Struct, frozen=True, gc=False):
     """A tenant bucket after admission, for the ``x-ratelimit-*`` headers."""
 
     limit: int
@@ -92,8 +90,7 @@ class BucketState:
     reset_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True, gc=False):
     """Admitted (with the chosen candidate), or refused (with the check that failed)."""
 
     admitted: bool
@@ -108,20 +105,17 @@ class Decision:
     """When no candidate was admitted: whether every one was refused by its breaker."""
 
 
-@dataclass(frozen=True, slots=True)
-class AdjustBucket:
+class AdjustBucket(msgspec.Struct, frozen=True, gc=False):
     key: str
     capacity: int
     delta: float
 
 
-@dataclass(frozen=True, slots=True)
-class ReleaseSlot:
+class ReleaseSlot(msgspec.Struct, frozen=True, gc=False):
     key: str
 
 
-@dataclass(frozen=True, slots=True)
-class ReleaseReservation:
+class ReleaseReservation(msgspec.Struct, frozen=True, gc=False):
     """Give back what a quota reservation held (the actual spend is an ``Increment``), once: only
     while its lease is still there (an expired lease was already given back by admission)."""
 
@@ -147,8 +141,7 @@ def reservation(slot: str, field: str, amount: float) -> str:
     return f"{slot}|{field}|{amount!r}"
 
 
-@dataclass(frozen=True, slots=True)
-class Increment:
+class Increment(msgspec.Struct, frozen=True, gc=False):
     """Add to several fields of one hash (usage accounting): one op, not one per field. An ``int``
     amount is added as an integer, a ``float`` as a float: a field keeps one of the two kinds."""
 
@@ -156,22 +149,19 @@ class Increment:
     fields: tuple[tuple[str, float], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class SetField:
+class SetField(msgspec.Struct, frozen=True, gc=False):
     key: str
     field: str
     value: str
     only_if_missing: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Expire:
+class Expire(msgspec.Struct, frozen=True, gc=False):
     key: str
     seconds: int
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerSuccess:
+class BreakerSuccess(msgspec.Struct, frozen=True, gc=False):
     """A call at the target succeeded: a half-open breaker closes, a closed one forgets failures."""
 
     key: str
@@ -180,8 +170,7 @@ class BreakerSuccess:
 SettleOp = AdjustBucket | ReleaseSlot | ReleaseReservation | Increment | SetField | Expire | BreakerSuccess
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerState:
+class BreakerState(msgspec.Struct, frozen=True, gc=False):
     state: int
     """0 closed, 1 half-open, 2 open."""
     failures: int

@@ -31,19 +31,19 @@ class Keys:
 
     def tenant(self, tenant: str, what: str) -> str:
         """A tenant's bucket or slot set: ``what`` is ``rpm``, ``tpm`` or ``conc``."""
-        return f"{self.tag}:t:{_part(tenant)}:{what}"
+        return f"{{{self.prefix}}}:t:{_part(tenant)}:{what}"
 
     def provider(self, provider: str, what: str) -> str:
         """A provider's fleet-wide bucket or slot set."""
-        return f"{self.tag}:p:{_part(provider)}:{what}"
+        return f"{{{self.prefix}}}:p:{_part(provider)}:{what}"
 
     def usage(self, tenant: str, period: str) -> str:
         """A tenant's usage in one budget period (``2026-11-29``, ``2026-11`` or ``total``)."""
-        return f"{self.tag}:t:{_part(tenant)}:usage:{period}"
+        return f"{{{self.prefix}}}:t:{_part(tenant)}:usage:{period}"
 
     def breaker(self, target: str) -> str:
         """A target's (``provider/model``) circuit breaker."""
-        return f"{self.tag}:b:{_part(target)}"
+        return f"{{{self.prefix}}}:b:{_part(target)}"
 
     def task(self, tenant: str, task_id: str) -> str:
-        return f"{self.tag}:t:{_part(tenant)}:task:{_part(task_id)}"
+        return f"{{{self.prefix}}}:t:{_part(tenant)}:task:{_part(task_id)}"

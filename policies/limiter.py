@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
+import msgspec
 from redis.exceptions import RedisError
 
 from gateway.errors import (
@@ -60,8 +61,7 @@ PENDING_SETTLEMENTS = 10_000
 """Settlements kept while Redis is away, replayed when it returns (oldest dropped beyond this)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class Limits(msgspec.Struct, frozen=True, gc=False):
     rpm: int | None = None
     tpm: int | None = None
     max_concurrency: int | None = None
@@ -84,8 +84,7 @@ class Ticket:
     settled: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Held:
+class Held(msgspec.Struct, frozen=True, gc=False):
     """One attempt's admission at a target: its provider's checks (breaker included)."""
 
     target: str
