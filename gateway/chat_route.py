@@ -99,12 +99,11 @@ class ChatRoute:
             head = [*_EVENT_STREAM, *_encoded(record.headers()), (b"x-request-id", request_id.encode())]
             await send_events(result.events, head, scope, receive, send)
             return
+        # Counted and logged before the reply leaves, so the metrics never lag it.
+        record.emit()
         try:
             await _send_whole(send, 200, result.body, record.headers(), request_id)
         finally:
-            # Counted and logged in the turn the reply is written in (it leaves at the turn's end),
-            # so the metrics never lag the reply; the span ends once the settlement's reply is in.
-            record.emit()
             await result.settling
 
     async def _body(self, receive: Receive, declared: str | None) -> bytes:

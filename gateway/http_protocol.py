@@ -165,6 +165,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        # A complete response leaves now, not at the end of the loop turn: by then the loop may
+        # first read and handle what else arrived (the settlement's reply from Redis, say).
+        self._flush()
+        super().on_response_complete()
+
     def _notify_on_disconnect(self, callback: Callable[[], None] | None) -> None:
         self._on_disconnect = callback
 
