@@ -16,7 +16,8 @@ connections, could hold a worker's memory and sockets. This subclass adds, per w
 
 It also coalesces a response's writes: uvicorn writes the status line and headers on
 ``http.response.start`` and the body on ``http.response.body``, two ``send()`` calls (and two TCP
-segments) for every whole reply. Writes made in one event-loop turn now go out as one.
+segments) for every whole reply. Writes made in one event-loop turn now go out as one: at the
+turn's end, or at once when the response is complete.
 
 A request's scope carries ``ON_DISCONNECT``: a function that registers a callback (or None to
 drop it) for the connection's loss, so a streaming response learns that its client left without
