@@ -52,8 +52,9 @@ from loadtest.bench_procs import (
     start_gateway,
     start_mock,
     start_redis,
+    steal_s,
 )
-from loadtest.bench_report import DIRECT, LEGEND, Cell, machine, table
+from loadtest.bench_report import DIRECT, LEGEND, STEAL, Cell, machine, table
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,7 @@ class Stack:
     def cpu(self) -> dict[str, float]:
         used = {p.name: p.cpu_s() for p in self.procs}
         used["bench"] = time.process_time()
+        used[STEAL] = steal_s()
         return used
 
     def stop(self) -> None:

@@ -75,6 +75,17 @@ def http_ok(url: str) -> Callable[[], bool]:
     return check
 
 
+def steal_s() -> float:
+    """CPU seconds the hypervisor has given to other guests (``steal`` in ``/proc/stat``), summed
+    over this machine's CPUs; 0 where the kernel does not count it."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return 0.0
+    return int(fields[8]) / _CLK_TCK if len(fields) > 8 and fields[0] == "cpu" else 0.0
+
+
 class Process:
     """One child process, its log file, and its resource use read from ``/proc``."""
 

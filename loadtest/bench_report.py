@@ -21,6 +21,8 @@ from loadtest.bench_wrk import WrkResult
 DIRECT = "direct"
 CPU_NAMES = ("gateway", "redis-server", "mock-upstream", "bench")
 """Whose CPU use the table shows, in its order; ``bench`` is this process (the load generator)."""
+STEAL = "steal"
+"""The machine's CPU time taken by the hypervisor for other guests (:func:`bench_procs.steal_s`)."""
 
 
 @dataclass(slots=True)
@@ -48,6 +50,12 @@ class Cell:
         used = self.cpu_s.get(name)
         return None if used is None or self.wall_s <= 0 else 100 * used / self.wall_s
 
+    def steal_percent(self) -> float | None:
+        """Share of the machine's CPU time (all CPUs) stolen by the hypervisor during the runs."""
+        stolen = self.cpu_s.get(STEAL)
+        cpus = os.cpu_count() or 1
+        return None if stolen is None or self.wall_s <= 0 else 100 * stolen / (self.wall_s * cpus)
+
     def server_cpu_ms(self) -> float | None:
         """CPU milliseconds per request of the server under test: the mock for the direct row, the
         gateway worker for the gateway row (its Redis and upstream are in the CPU% column)."""
@@ -69,6 +77,7 @@ class Cell:
             "ttft_ms": {f"p{q}": self.ttft_ms(q) for q in (50, 90, 99)} if self.stream else None,
             "cpu_percent": {name: self.cpu_percent(name) for name in CPU_NAMES},
             "server_cpu_ms_per_request": self.server_cpu_ms(),
+            "steal_percent": self.steal_percent(),
             "wrk": None
             if self.wrk is None
             else {
@@ -127,6 +136,7 @@ HEADER = (
     "wrk p50/p99 ms",
     "CPU% gw/redis/mock/gen",
     "srv CPU ms/req",
+    "steal%",
 )
 
 
@@ -152,6 +162,7 @@ def _row(cell: Cell, base: Cell | None) -> tuple[str, ...]:
         f"{_ms(wrk.p50_ms)}/{_ms(wrk.p99_ms)}" if wrk else "-",
         _cpu(cell),
         "-" if (cpu_ms := cell.server_cpu_ms()) is None else f"{cpu_ms:.2f}",
+        "-" if (steal := cell.steal_percent()) is None else f"{steal:.0f}",
     )
 
 
@@ -207,4 +218,6 @@ x direct = req/s ratio to the direct row of the same setting; (+added) = ms over
 CPU% = share of one core used during the bench_client runs by the gateway worker, redis-server,
 the mock upstream and the load generator (this process); 100 = one full core. srv CPU ms/req =
 CPU time per request of the server under test (direct: the mock; gateway: the gateway worker),
-which other work on the machine disturbs much less than req/s and latency."""
+which other work on the machine disturbs much less than req/s and latency. steal% = share of the
+machine's CPU time (all CPUs) the hypervisor gave to other guests during the runs: a shared
+virtual machine's noise, which no ratio can correct for."""
