@@ -99,11 +99,12 @@ class ChatRoute:
             head = [*_EVENT_STREAM, *_encoded(record.headers()), (b"x-request-id", request_id.encode())]
             await send_events(result.events, head, scope, receive, send)
             return
-        # Counted and logged before the reply leaves, so the metrics never lag it.
-        record.emit()
         try:
             await _send_whole(send, 200, result.body, record.headers(), request_id)
         finally:
+            # Counted and logged in the step that wrote the reply (no other request is served in
+            # between), so the metrics never lag it, and not ahead of it, in the client's time.
+            record.emit()
             await result.settling
 
     async def _body(self, receive: Receive, declared: str | None) -> bytes:
