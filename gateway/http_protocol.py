@@ -21,7 +21,8 @@ turn's end, or at once when the response is complete.
 
 A request's scope carries ``ON_DISCONNECT``: a function that registers a callback (or None to
 drop it) for the connection's loss, so a streaming response learns that its client left without
-a task of its own waiting in ``receive()`` for every stream.
+a task of its own waiting in ``receive()`` for every stream; and ``FLUSH``, which writes what the
+response has coalesced so far at once (a stream's head and first events).
 
 Keep-alive connections idle between requests close after uvicorn's ``timeout_keep_alive``
 (``server.idle_timeout_s``). The limits travel in :class:`GatewayServerConfig`, which uvicorn
@@ -41,6 +42,9 @@ from gateway.errors import GatewayError, HeadersTooLarge, InvalidRequest, Reques
 
 ON_DISCONNECT = "modelgate.on_disconnect"
 """Scope key of the connection's disconnect-callback registration (absent under other servers)."""
+FLUSH = "modelgate.flush"
+"""Scope key of a function that writes the response's coalesced bytes now (absent under other
+servers): a stream's head and first events leave at once, not at the end of the loop turn."""
 
 
 class GatewayServerConfig(uvicorn.Config):
@@ -153,6 +157,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.scope[ON_DISCONNECT] = self._notify_on_disconnect  # type: ignore[literal-required]
+        self.scope[FLUSH] = self._flush  # type: ignore[literal-required]
         # The response cycle made here takes ``self.transport`` as its own: give it the coalescer.
         transport = self.transport
         if self._writes is not None:

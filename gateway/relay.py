@@ -26,7 +26,7 @@ from litestar.types import Receive, Scope, Send
 from gateway import observe
 from gateway.eager import Started
 from gateway.errors import UpstreamFailure, UpstreamTimeout, stream_error_event
-from gateway.http_protocol import ON_DISCONNECT
+from gateway.http_protocol import FLUSH, ON_DISCONNECT
 from policies.routing import Target
 from providers.base import ChatCall, ChunkStream
 
@@ -166,7 +166,10 @@ async def send_events(
     if the client leaves first, the sending is cancelled (the relay then finishes in a task of its
     own). The gateway's server protocol calls back on the connection's loss (``ON_DISCONNECT``);
     under another server one plain task waits in ``receive()`` for the client to leave. Litestar's
-    ``Stream`` used an anyio task group for this, about 7% of a stream's CPU.
+    ``Stream`` used an anyio task group for this, about 7% of a stream's CPU. The head and the
+    first events are written at once (``FLUSH``), not at the end of the loop turn: when a stream
+    arrives whole, its settlement's work would otherwise come first (one client, 0 ms upstream:
+    time to first token 1.37 -> 1.22 ms, the worker's CPU per request unchanged at c=64).
     """
     sender = asyncio.current_task()
     assert sender is not None
@@ -178,12 +181,16 @@ async def send_events(
         sender.cancel()
 
     stop_watching = _on_client_leaving(scope, receive, client_left)
+    flush = cast(Callable[[], None] | None, scope.get(FLUSH))
     try:
         await send({"type": "http.response.start", "status": 200, "headers": head})
-        ended = False
+        ended, first = False, True
         async for chunk in events:
             ended = isinstance(chunk, LastEvents)
             await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            if first and flush is not None:
+                flush()  # the first events leave now, not after the rest of this turn's work
+            first = False
         if not ended:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
