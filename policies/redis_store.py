@@ -52,10 +52,6 @@ class _KeyIndex(dict[str, int]):
     def __call__(self, key: str) -> int:
         return self.setdefault(key, len(self) + 1)
 
-    @property
-    def keys_list(self) -> list[str]:
-        return list(self)
-
 
 class RedisStore:
     """Admission and settlement against one Redis (or one Cluster slot)."""
@@ -81,7 +77,7 @@ class RedisStore:
         groups = [[_check(c, index, slot) for c in request.tenant]]
         groups.extend([_check(c, index, slot) for c in group] for group in request.candidates)
         spec = _encode({"groups": groups, "slot": request.slot, "lease_ms": self._lease_ms})
-        reply: list[Any] = await self.pipe.evalsha(self._admit, index.keys_list, [spec])
+        reply: list[Any] = await self.pipe.evalsha(self._admit, list(index), [spec])
         if reply[0] == 1:
             chosen = max(0, int(reply[1]) - 2)
             probe = _text(reply[3])
@@ -112,7 +108,7 @@ class RedisStore:
                     encoded.append(row)
                 last_fields = op.fields
         spec = _encode({"ops": encoded, "slot": slot})
-        keys = index.keys_list
+        keys = list(index)
         closed: list[Any] = await self.pipe.evalsha(self._settle, keys, [spec])
         return [keys[int(i) - 1] for i in closed]
 
