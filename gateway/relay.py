@@ -5,10 +5,10 @@ client is still a proper error status (and may be retried). After that a failure
 with ``data: {"error": ...}`` and ``data: [DONE]``; nothing retries it.
 
 A stream that ends well is settled as its last event goes out: the settlement is begun
-(:class:`gateway.eager.Started`), which writes its Redis command at once, and ``[DONE]`` goes out
-at the end of that loop turn, after it; so a client that sees ``[DONE]`` and sends its next
-request at once finds its slot already free. The settlement's reply is awaited after, out of the
-client's time. A stream cut by an upstream failure is settled, reply and all, before its error
+(:class:`gateway.eager.Started`), which writes its Redis command at once, and ``[DONE]``, which
+completes the response, is written right after it; so a client that sees ``[DONE]`` and sends
+its next request at once finds its slot already free. The settlement's reply is awaited after,
+out of the client's time. A stream cut by an upstream failure is settled, reply and all, before its error
 event. :func:`send_events` sends the events, and stops them when the client leaves.
 """
 
@@ -101,7 +101,7 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
                     batch = await anext(batches, None)
             except TimeoutError:
                 raise deadline_passed(breaker_failure=False) from None
-        # Written to Redis now, ahead of [DONE], which leaves at the end of this loop turn.
+        # Written to Redis now, ahead of [DONE], which is written as the response completes.
         settling = Started(_finish(stream, request, relayed))
         try:
             yield _DONE

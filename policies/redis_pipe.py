@@ -40,14 +40,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 Arg = str | bytes | int | float
 
 
-def encode_command(args: Sequence[Arg]) -> bytes:
-    """A command as a RESP array of bulk strings (numbers as their ``repr``)."""
-    return _pack_command(tuple(args))
-
-
 # hiredis' stub types the argument as a tuple of one element; it takes any number.
-_pack_command: Callable[[tuple[Arg, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
-"""hiredis' C encoder: 1.0 µs against 3.6 µs in Python for an admission's eight arguments."""
+encode_command: Callable[[tuple[Arg, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
+"""A command (a tuple) as a RESP array of bulk strings, numbers as their ``repr``: hiredis' C
+encoder, 1.0 µs against 3.6 µs in Python for an admission's eight arguments."""
 
 
 class Script:
@@ -164,7 +160,7 @@ class RedisPipe:
         protocol = self._protocol
         if protocol is None or protocol.closed:
             protocol = await self._connect()
-        reply = await protocol.send(_pack_command(args))
+        reply = await protocol.send(encode_command(args))
         if isinstance(reply, ResponseError):
             raise reply
         return reply
@@ -220,7 +216,7 @@ class _Target:
         self.port = 6379
         self.path: str | None = None
         self.tls: ssl.SSLContext | None = None
-        self.setup: list[list[Arg]] = []
+        self.setup: list[tuple[Arg, ...]] = []
 
     @classmethod
     def parse(cls, url: str) -> _Target:
@@ -240,7 +236,7 @@ class _Target:
         if parts.password is not None:
             password = unquote(parts.password)
             user = unquote(parts.username) if parts.username else None
-            target.setup.append(["AUTH", user, password] if user else ["AUTH", password])
+            target.setup.append(("AUTH", user, password) if user else ("AUTH", password))
         if db and db != "0":
-            target.setup.append(["SELECT", int(db)])
+            target.setup.append(("SELECT", int(db)))
         return target

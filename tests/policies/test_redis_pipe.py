@@ -41,7 +41,7 @@ async def pipe(own_redis: RedisServer) -> AsyncIterator[RedisPipe]:
 
 
 def test_commands_are_encoded_as_resp_arrays() -> None:
-    assert encode_command(["SET", "k", b"v\r\n", 3, 1.5]) == (
+    assert encode_command(("SET", "k", b"v\r\n", 3, 1.5)) == (
         b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n$1\r\n3\r\n$3\r\n1.5\r\n"
     )
 
