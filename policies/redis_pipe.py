@@ -5,7 +5,9 @@ in flight kept 65 connections open) and, with a socket timeout set, wraps every 
 ``asyncio.wait_for``, which on Python 3.11 creates a task per command; its client code was a fifth
 of the gateway worker's CPU samples. Redis answers in order, so one connection carries every
 in-flight call: commands are written back to back, replies are parsed by hiredis and handed to the
-waiting callers first in, first out.
+waiting callers first in, first out, each caller resuming as its reply is read
+(:class:`policies.reply_future.ReplyFuture`: at c=64 and a 50 ms upstream, 0.91 -> 0.94 of direct
+throughput side by side, for whole replies and streams alike).
 
 Each command is written when it is called, not gathered into one write at the end of the event-loop
 turn. Measured on the 2-core benchmark machine (64 clients, 50 ms upstream, three gateways side by
@@ -37,6 +39,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from policies.reply_future import ReplyFuture
+
 Arg = str | bytes | int | float
 
 
@@ -67,7 +71,7 @@ class _Protocol(asyncio.Protocol):
 
     def __init__(self, timeout_s: float) -> None:
         self.transport: asyncio.Transport | None = None
-        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.waiting: deque[ReplyFuture] = deque()
         self.closed = False
         self._deadlines: deque[float] = deque()
         self._timeout_s = timeout_s
@@ -79,10 +83,10 @@ class _Protocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
-    def send(self, command: bytes) -> asyncio.Future[Any]:
+    def send(self, command: bytes) -> ReplyFuture:
         if self.transport is not None and not self.closed:
             self.transport.write(command)
-        future: asyncio.Future[Any] = self._loop.create_future()
+        future = ReplyFuture(self._loop)
         self.waiting.append(future)
         self._deadlines.append(self._loop.time() + self._timeout_s)
         if self._watchdog is None:
