@@ -8,6 +8,11 @@ runs the waiting task's next step right there, in the Redis connection's ``data_
 reply is read: the upstream call leaves as soon as Redis has answered, and the calls of a cluster
 leave as Redis answers them, one by one, not together at the end of the loop's next pass.
 
+The Redis pipe (:mod:`policies.redis_pipe`) uses it. The same for the upstream connections'
+reads (the reply step run inside the read of the upstream's answer) was measured and dropped:
+0.912 of direct against 0.929 with the Redis pipe's alone, side by side; work on the way back,
+done sooner, lands in the middle of the next cluster's arrivals.
+
 It is what asyncio accepts as a future (``_asyncio_future_blocking``, ``add_done_callback``,
 ``get_loop``, ``result``), so a task awaits it like any other. Callbacks run at once only from a
 callback of the loop itself, never from inside a running task (a task cannot step inside another

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from policies.reply_future import ReplyFuture
+from gateway.reply_future import ReplyFuture
 
 
 async def _waiter(future: ReplyFuture, log: list[object]) -> object:
