@@ -6,14 +6,14 @@ with ``data: {"error": ...}`` and ``data: [DONE]``; nothing retries it.
 
 A stream that ends well is settled as its last event goes out: the settlement is begun
 (:class:`gateway.eager.Started`), which writes its Redis command at once, and ``[DONE]``, which
-completes the response, is written right after it; so a client that sees ``[DONE]`` and sends
-its next request at once finds its slot already free. Chunks read after the upstream's end marker
-has arrived wait for ``[DONE]`` and go out in the same write: a stream that arrives whole (a
-cached or very short answer, the benchmark's mock) costs one write to the client, not two. Side
-by side at 64 clients and a 50 ms upstream, streams went from 0.89 to 0.94 of direct throughput,
-and at one client time to first token did not move (0.65 / 0.64 ms). The settlement's reply is awaited after,
-out of the client's time. A stream cut by an upstream failure is settled, reply and all, before its error
-event. :func:`send_events` sends the events, and stops them when the client leaves.
+completes the response, is written right after it; so a client that sees ``[DONE]`` and sends its
+next request at once finds its slot already free. Chunks read after the upstream's end marker has
+arrived wait for ``[DONE]`` and go out in the same write: a stream that arrives whole (a cached or
+very short answer, the benchmark's mock) costs one write to the client, not two. Side by side at 64
+clients and a 50 ms upstream, streams went from 0.89 to 0.94 of direct throughput, and at one
+client time to first token did not move (0.65 / 0.64 ms). The settlement's reply is awaited after,
+out of the client's time. A stream cut by an upstream failure is settled, reply and all, before its
+error event. :func:`send_events` sends the events, and stops them when the client leaves.
 """
 
 from __future__ import annotations
