@@ -8,6 +8,10 @@ the reply is sent; a stream is settled by the relay as its last event goes out (
 :mod:`gateway.relay`). Either way the client's next request finds the slot free, and the
 settlement's reply is not waited for in the client's time: one Redis round trip less per request
 (measured at one client, 0 ms upstream: 24-30% more requests per second).
+
+Once the upstream has answered, the reply step takes its turn (:mod:`gateway.reply_turns`): when
+many answers arrive together, the loop reads its sockets between slices of their reply steps, so
+the next requests' admissions and upstream calls are not held behind all of them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from gateway.eager import Started
 from gateway.errors import GatewayError, InvalidRequest, ModelNotAllowed, ModelNotFound, UpstreamFailure
 from gateway.record import RequestRecord
 from gateway.relay import OpenedStream, StreamReply, deadline_passed, open_stream, relay
+from gateway.reply_future import ReplyFuture
+from gateway.reply_turns import ReplyTurns
 from gateway.runtime import Gateway
 from gateway.tenants import Tenant
 from policies.accounting import Charge, budget_checks, usage_ops
@@ -30,7 +36,7 @@ from policies.limiter import Limiter, Ticket, new_slot_id
 from policies.retry import RetryPolicy
 from policies.routing import ModelRoute, Target
 from policies.tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
-from providers.base import ChatCall, ChatHead, Completion, Usage
+from providers.base import ChatCall, ChatHead, ChunkStream, Completion, Usage
 
 T = TypeVar("T")
 
@@ -53,6 +59,7 @@ class ChatService:
         self._timeout_s = gateway.config.server.request_timeout_s
         self._default_max_tokens = gateway.config.server.default_max_tokens
         self._max_messages = gateway.config.server.max_messages
+        self._reply_turns = ReplyTurns()
 
     def route_for(self, tenant: Tenant, model: str) -> ModelRoute:
         route = self._gateway.routes.get(model)
@@ -96,16 +103,32 @@ class ChatService:
             route=route,
         )
         targets = targets[ticket.target_index :] + targets[: ticket.target_index]
+        if head.stream:
+            return await self._stream(targets, request)
+        return await self._whole(targets, request)
+
+    async def _whole(self, targets: list[Target], request: AdmittedRequest) -> WholeReply:
         try:
-            if head.stream:
-                opened = await self._attempts(targets, request, _open_at(request))
-                return StreamReply(relay(opened, request))
             completion = await self._attempts(targets, request, _complete_at(request))
         except BaseException:
             await observe.settle(request, None, 0, succeeded=False)
             raise
         estimate = len(completion.body) // CHARS_PER_TOKEN
+        turn = self._reply_turns.take()
+        if turn is not None:
+            await _reply_turn(turn, request, completion.usage, estimate)
         return WholeReply(completion.body, Started(observe.settle(request, completion.usage, estimate)))
+
+    async def _stream(self, targets: list[Target], request: AdmittedRequest) -> StreamReply:
+        try:
+            opened = await self._attempts(targets, request, _open_at(request))
+        except BaseException:
+            await observe.settle(request, None, 0, succeeded=False)
+            raise
+        turn = self._reply_turns.take()
+        if turn is not None:
+            await _reply_turn(turn, request, opened.stream.usage, len(opened.first or ()), opened.stream)
+        return StreamReply(relay(opened, request))
 
     async def _attempts(
         self, targets: list[Target], request: AdmittedRequest, call: Callable[[Target], Awaitable[T]]
@@ -158,6 +181,24 @@ class ChatService:
         if chosen is None:
             raise last
         return targets.index(candidates[chosen])
+
+
+async def _reply_turn(
+    turn: ReplyFuture,
+    request: AdmittedRequest,
+    usage: Usage | None,
+    estimate: int,
+    stream: ChunkStream | None = None,
+) -> None:
+    """Wait for the reply step's turn (:mod:`gateway.reply_turns`). A request cancelled meanwhile
+    (the server stopping) has had the upstream's answer: it is settled to that answer."""
+    try:
+        await turn
+    except BaseException:
+        if stream is not None:
+            await stream.aclose()
+        await observe.settle(request, usage, estimate)
+        raise
 
 
 def _complete_at(request: AdmittedRequest) -> Callable[[Target], Awaitable[Completion]]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from gateway.app import create_app
 from gateway.chat_input import parse_head
 from gateway.config import Config, ModelConfig, ProviderConfig, ServerConfig, TargetConfig, TenantConfig
 from gateway.devmode import dev_config
+from gateway.reply_future import ReplyFuture
 from gateway.secret import Secret, key_hash
 from loadtest.observability_bench import chat_scope
 
@@ -182,6 +185,62 @@ async def test_a_whole_reply_that_cannot_be_sent_is_still_settled_and_counted() 
         again = await client.post(
             "/v1/chat/completions",
             content=body,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        )
+        assert again.status_code == 200, again.text
+
+
+class _NeverYourTurn:
+    """A reply gate whose turns never come (a stand-in for a worker stopping meanwhile)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[ReplyFuture] = []
+
+    def take(self) -> ReplyFuture:
+        turn = ReplyFuture(asyncio.get_running_loop())
+        self.waiting.append(turn)
+        return turn
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_cancelled_while_it_waits_for_its_reply_turn_is_settled(stream: bool) -> None:
+    # The upstream has answered; the reply step waits for its turn (gateway.reply_turns) when the
+    # request is cancelled (the server stopping past its grace). Its usage is still accounted and
+    # its slot freed: with max_concurrency = 1 the next request is admitted.
+    key = f"unit-test-turn-cancelled-{stream}-0123456789"
+    tenant = f"turn-cancelled-{str(stream).lower()}"
+    cfg = Config(
+        providers=[ProviderConfig(name="local", type="mock")],
+        models=[ModelConfig(name="mock", targets=[TargetConfig(provider="local", model="mock")])],
+        tenants=[TenantConfig(name=tenant, keys=[Secret(key)], max_concurrency=1)],
+    )
+    app = create_app(cfg)
+    chat = app.state.chat
+    real_turns, chat._reply_turns = chat._reply_turns, _NeverYourTurn()
+    request = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    body = json.dumps(request).encode()
+    labels = {"tenant": tenant, "model": "mock", "type": "completion"}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise AssertionError(f"nothing is sent before the reply's turn: {message['type']}")
+
+    async with AsyncTestClient(app) as client:
+        task = asyncio.get_running_loop().create_task(app(chat_scope(body, key), receive, send))  # type: ignore[arg-type]
+        deadline = time.monotonic() + 5
+        while not chat._reply_turns.waiting:
+            assert time.monotonic() < deadline, "the reply step never took its turn"
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (metrics.REGISTRY.get_sample_value("modelgate_tokens_total", labels) or 0.0) > 0
+        chat._reply_turns = real_turns
+        again = await client.post(
+            "/v1/chat/completions",
+            content=json.dumps({**request, "stream": False}).encode(),
             headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
         )
         assert again.status_code == 200, again.text
