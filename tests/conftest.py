@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,6 +87,18 @@ name = "limited"
 keys = ["{LIMITED_KEY}"]
 models = ["mock"]
 """
+
+
+@pytest.fixture(autouse=True)
+def _collector_as_it_was() -> Iterator[None]:
+    """An app started in the test process freezes its heap out of the cyclic collector and raises
+    the young threshold (``gateway.heap``). Undone after each test: otherwise every later test ran
+    with objects that are never collected and collections ten times rarer, and garbage left by a
+    test (an unclosed client, say) was found only at the session's end, outside any test."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
 
 
 @pytest.fixture(scope="session")
