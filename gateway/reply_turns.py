@@ -13,8 +13,10 @@ the upstream calls that then left back to back came back together, and the next 
 :class:`ReplyTurns` lets the reply steps of one pass run for at most a slice of time (from the first
 one's start); the rest wait for the loop's next pass and go first in it, in the order they came.
 Between two passes the loop reads its sockets, so a request that arrived, or an admission Redis has
-answered, waits behind at most one slice of reply work. A step that has to wait costs one more
-suspension; with no reply waiting a turn costs a clock read and one callback per pass.
+answered, waits behind at most one slice of reply work (and the step that ran past its end: a step
+is never cut). A step that has to wait costs one more suspension; with no reply waiting a turn
+costs a clock read and one callback per pass. The waiting line holds at most one entry per request
+in flight (each request takes one turn), so ``server.max_connections`` bounds it.
 
 The slice depends on how busy the worker is. With spare CPU it is short (250 µs): passes of the loop
 are cheap then. A worker busy for 80% of the last 50 ms or more is at its CPU ceiling, where every
