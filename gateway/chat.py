@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 from gateway import observe
@@ -26,7 +27,7 @@ from gateway.chat_input import TRACE_HEADERS, parse_head, task_id_of
 from gateway.eager import Started
 from gateway.errors import GatewayError, InvalidRequest, ModelNotAllowed, ModelNotFound, UpstreamFailure
 from gateway.record import RequestRecord
-from gateway.relay import OpenedStream, StreamReply, deadline_passed, open_stream, relay
+from gateway.relay import OpenedStream, StreamReply, deadline_passed, finish_stream, open_stream, relay
 from gateway.reply_future import ReplyFuture
 from gateway.reply_turns import ReplyTurns
 from gateway.runtime import Gateway
@@ -36,7 +37,7 @@ from policies.limiter import Limiter, Ticket, new_slot_id
 from policies.retry import RetryPolicy
 from policies.routing import ModelRoute, Target
 from policies.tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
-from providers.base import ChatCall, ChatHead, ChunkStream, Completion, Usage
+from providers.base import ChatCall, ChatHead, Completion, Usage
 
 T = TypeVar("T")
 
@@ -108,27 +109,31 @@ class ChatService:
         return await self._whole(targets, request)
 
     async def _whole(self, targets: list[Target], request: AdmittedRequest) -> WholeReply:
-        try:
-            completion = await self._attempts(targets, request, _complete_at(request))
-        except BaseException:
-            await observe.settle(request, None, 0, succeeded=False)
-            raise
+        completion = await self._answer(targets, request, _complete_at(request))
         estimate = len(completion.body) // CHARS_PER_TOKEN
         turn = self._reply_turns.take()
         if turn is not None:
-            await _reply_turn(turn, request, completion.usage, estimate)
+            await _reply_turn(turn, partial(observe.settle, request, completion.usage, estimate))
         return WholeReply(completion.body, Started(observe.settle(request, completion.usage, estimate)))
 
     async def _stream(self, targets: list[Target], request: AdmittedRequest) -> StreamReply:
+        opened = await self._answer(targets, request, _open_at(request))
+        turn = self._reply_turns.take()
+        if turn is not None:
+            first_chunks = len(opened.first or ())
+            await _reply_turn(turn, partial(finish_stream, opened.stream, request, first_chunks))
+        return StreamReply(relay(opened, request))
+
+    async def _answer(
+        self, targets: list[Target], request: AdmittedRequest, call: Callable[[Target], Awaitable[T]]
+    ) -> T:
+        """The upstream's answer, after retries and fallbacks; a request that gets none (or is
+        cancelled meanwhile) is settled as failed."""
         try:
-            opened = await self._attempts(targets, request, _open_at(request))
+            return await self._attempts(targets, request, call)
         except BaseException:
             await observe.settle(request, None, 0, succeeded=False)
             raise
-        turn = self._reply_turns.take()
-        if turn is not None:
-            await _reply_turn(turn, request, opened.stream.usage, len(opened.first or ()), opened.stream)
-        return StreamReply(relay(opened, request))
 
     async def _attempts(
         self, targets: list[Target], request: AdmittedRequest, call: Callable[[Target], Awaitable[T]]
@@ -183,21 +188,13 @@ class ChatService:
         return targets.index(candidates[chosen])
 
 
-async def _reply_turn(
-    turn: ReplyFuture,
-    request: AdmittedRequest,
-    usage: Usage | None,
-    estimate: int,
-    stream: ChunkStream | None = None,
-) -> None:
+async def _reply_turn(turn: ReplyFuture, settle: Callable[[], Awaitable[None]]) -> None:
     """Wait for the reply step's turn (:mod:`gateway.reply_turns`). A request cancelled meanwhile
-    (the server stopping) has had the upstream's answer: it is settled to that answer."""
+    (the server stopping) has had the upstream's answer: ``settle`` settles it to that answer."""
     try:
         await turn
     except BaseException:
-        if stream is not None:
-            await stream.aclose()
-        await observe.settle(request, usage, estimate)
+        await settle()
         raise
 
 

@@ -111,7 +111,7 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
             except TimeoutError:
                 raise deadline_passed(breaker_failure=False) from None
         # Written to Redis now, ahead of [DONE], which is written as the response completes.
-        settling = Started(_finish(stream, request, relayed))
+        settling = Started(finish_stream(stream, request, relayed))
         try:
             yield LastEvents(b"".join([*held, _DONE])) if held else _DONE
         finally:
@@ -122,7 +122,7 @@ async def relay(opened: OpenedStream, request: AdmittedRequest) -> AsyncGenerato
         if record.target is not None:
             request.upstream_answered = not failure.breaker_failure
             await request.limiter.failed(request.ticket, record.target, failure)
-        await _finish(stream, request, relayed)
+        await finish_stream(stream, request, relayed)
         yield stream_error_event(failure)
     finally:
         if request.ticket.settled:  # the usual end: settled as the last event went out
@@ -135,7 +135,7 @@ def _events(batch: list[bytes]) -> bytes:
     return b"".join([b"data: %s\n\n" % chunk for chunk in batch])
 
 
-async def _finish(stream: ChunkStream, request: AdmittedRequest, relayed: int) -> None:
+async def finish_stream(stream: ChunkStream, request: AdmittedRequest, relayed: int) -> None:
     """Close the upstream stream and settle (once) to its usage, or to the chunks relayed."""
     await stream.aclose()
     await observe.settle(request, stream.usage, relayed)
@@ -154,7 +154,7 @@ async def _finish_whatever_happens(stream: ChunkStream, request: AdmittedRequest
 
     async def finish() -> None:
         try:
-            await _finish(stream, request, relayed)
+            await finish_stream(stream, request, relayed)
         finally:
             request.record.emit()
 
